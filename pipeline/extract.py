@@ -140,7 +140,7 @@ def prepare(ref: ImageRef, preprocess: PreprocessConfig) -> Prepared:
     start = time.perf_counter()
     try:
         data = ref.read_bytes()
-        pixels = decode_image(data, str(ref.path), preprocess)
+        pixels = decode_image(data, ref.location, preprocess)
     except (ImageError, OSError) as err:
         return Prepared(ref, error=str(err))
     decoded = time.perf_counter()
@@ -206,7 +206,7 @@ class ShardExtraction:
             self.tally.seconds["preprocess"] += item.seconds_preprocess
             if item.error is None and self.given_boxes is not None:
                 if item.ref.image_id not in self.given_boxes:
-                    item.error = f"{item.ref.path}: no boxes given for image id {item.ref.image_id!r}"
+                    item.error = f"{item.ref.location}: no boxes given for image id {item.ref.image_id!r}"
             if item.error is not None:
                 self._fail(writer, item.ref, item.error)
             else:
@@ -217,7 +217,7 @@ class ShardExtraction:
             results = self._detect(good)
         except (RuntimeError, ValueError) as err:
             if len(good) == 1:
-                self._fail(writer, good[0].ref, f"{good[0].ref.path}: detection failed: {err}")
+                self._fail(writer, good[0].ref, f"{good[0].ref.location}: detection failed: {err}")
                 return
             for item in good:  # isolate the image that broke the batch
                 self._run_batch([dataclasses.replace(item, seconds_decode=0.0,
@@ -240,7 +240,7 @@ class ShardExtraction:
         return results
 
     def _fail(self, writer: ShardWriter, ref: ImageRef, reason: str) -> None:
-        writer.add_failure(str(ref.path), reason)
+        writer.add_failure(ref.location, reason)
         self.tally.failed[_reason_kind(reason)] += 1
 
     def _sample(self, item: Prepared, feats: RegionFeatures):
@@ -263,7 +263,7 @@ class ShardExtraction:
             detector=self.detector,
             params=self.params,
             image_bytes=item.data if keep else None,
-            image_ext=_image_ext(item.ref.path) if keep else None,
+            image_ext=_image_ext(Path(item.ref.member or item.ref.path)) if keep else None,
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,12 +13,31 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class ImageRef:
-    """One image to extract: its stable id within the dataset, its file and its split."""
+    """One image to extract: its stable id within the dataset, where its bytes are, its split.
+
+    A plain image file has `member` None. An image stored inside an archive (a CC3M tar shard)
+    names the archive in `path`, the member in `member`, and the member's data `offset` and
+    `length` in bytes, so reading it is one positioned read, not a scan of the archive.
+    """
 
     dataset: str
     image_id: str
     path: Path
     split: str = ""
+    member: str | None = None
+    offset: int = 0
+    length: int = -1
+
+    @property
+    def location(self) -> str:
+        """Where the image is, for messages: the file, or `archive:member`."""
+        return str(self.path) if self.member is None else f"{self.path}:{self.member}"
 
     def read_bytes(self) -> bytes:
-        return self.path.read_bytes()
+        if self.member is None:
+            return self.path.read_bytes()
+        with open(self.path, "rb") as f:
+            data = os.pread(f.fileno(), self.length, self.offset)
+        if len(data) != self.length:
+            raise OSError(f"{self.location}: archive ends after {len(data)} of {self.length} bytes")
+        return data
