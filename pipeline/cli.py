@@ -85,6 +85,43 @@ def build_parser() -> argparse.ArgumentParser:
     _extract_args(extract)
     _config_args(extract)
 
+    show = verbs.add_parser(
+        "show",
+        help="draw one extracted sample's boxes and labels on its image",
+        description="Draw the regions of one sample of a shard set on its image and save the "
+        "picture, to check an extraction by eye: each box in its own colour, labelled with its "
+        "top attribute (named above --set min_attr_conf=X, default 0.1), object name and "
+        "confidence, most confident first. The image is the one stored in the sample "
+        "(output.keep_images), else the dataset's file: the dataset and root recorded in "
+        "DIR/extract_config.yaml, or the root given by --root.",
+    )
+    show.add_argument("--shards", required=True, metavar="DIR", help="shard directory")
+    show.add_argument(
+        "--key",
+        required=True,
+        help="sample key, {dataset}-{escaped image id}, e.g. folder-cat_01 (an unknown key "
+        "lists the closest ones)",
+    )
+    show.add_argument(
+        "--out", required=True, metavar="FILE", help="picture to write, e.g. look.png"
+    )
+    show.add_argument(
+        "--root", metavar="DIR", help="dataset root, replacing the recorded one (images moved)"
+    )
+    show.add_argument(
+        "--max-boxes",
+        type=int,
+        metavar="N",
+        help="draw at most N boxes, the most confident (default: 36)",
+    )
+    show.add_argument(
+        "--min-conf",
+        type=float,
+        metavar="X",
+        help="leave out boxes with object confidence below X (default: 0)",
+    )
+    _config_args(show)
+
     shards = verbs.add_parser("shards", help="inspect, verify and convert feature shards")
     shard_verbs = shards.add_subparsers(dest="shards_verb", metavar="ACTION", required=True)
     verify = shard_verbs.add_parser(
@@ -179,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline.extract import run_extract
 
             return run_extract(args)
+        if args.verb == "show":
+            from pipeline.show import run_show
+
+            return run_show(args)
         if args.verb == "shards":
             from pipeline import shards_cli
 

@@ -1,0 +1,179 @@
+"""`pipeline show`: boxes land on their pixels; the image comes from the shard or the dataset."""
+
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+from PIL import Image, ImageDraw
+
+from extractor.labels import attribute_names, object_names
+from extractor.preprocess import decode_image
+from pipeline.cli import main
+from pipeline.show import box_colors, draw_regions, region_labels, select_regions
+from shards.reader import iter_samples
+from shards.schema import build_sample
+from shards.writer import ShardWriter
+
+BACKGROUND = (128, 128, 128)
+# Two solid rectangles in a 200 x 120 scene, x1 y1 x2 y2 in pixels (x2, y2 exclusive).
+SCENE_BOXES = [[20, 30, 80, 90], [120, 10, 190, 60]]
+FILLS = [(200, 40, 40), (40, 40, 200)]
+OTHER_BOXES = [[5, 5, 50, 40]]
+BALL, RED = object_names().index("ball"), attribute_names().index("red")
+
+
+@pytest.fixture
+def photos(tmp_path):
+    """A folder dataset: `scene` (the rectangles above) and `sub/other`."""
+    root = tmp_path / "photos"
+    (root / "sub").mkdir(parents=True)
+    scene = Image.new("RGB", (200, 120), BACKGROUND)
+    draw = ImageDraw.Draw(scene)
+    for (x1, y1, x2, y2), fill in zip(SCENE_BOXES, FILLS):
+        draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=fill)
+    scene.save(root / "scene.png")
+    Image.new("RGB", (90, 70), (20, 120, 60)).save(root / "sub" / "other.png")
+    return root
+
+
+def write_shards(out, root, keep_images=False, boxes_by_id=None):
+    """Shards of images under `root` as an extraction writes them, without running a detector:
+    the size of the decoded image, boxes in its pixels, confidences falling from 0.9 to 0.6, and
+    extract_config.yaml's dataset and root (the two fields show reads)."""
+    boxes_by_id = boxes_by_id or {"scene": SCENE_BOXES, "sub/other": OTHER_BOXES}
+    with ShardWriter(out, "00000") as writer:
+        for image_id, boxes in boxes_by_id.items():
+            path = next(root.glob(f"{image_id}.*"))
+            height, width = decode_image(path.read_bytes(), str(path)).shape[:2]
+            n = len(boxes)
+            writer.write(build_sample(
+                dataset="folder", image_id=image_id, split="", width=width, height=height,
+                boxes=np.float32(boxes), object_ids=np.full(n, BALL),
+                object_conf=np.linspace(0.9, 0.6, n), attr_ids=np.full(n, RED),
+                attr_conf=np.full(n, 0.5), features=np.zeros((n, 8), np.float16),
+                box_mode="given", preset="caffe", params={},
+                detector={"name": "test", "config_hash": "0", "weights_hash": "0"},
+                image_bytes=path.read_bytes() if keep_images else None,
+                image_ext=path.suffix[1:] if keep_images else None,
+            ))
+    record = {"dataset": "folder", "root": str(root)}
+    (out / "extract_config.yaml").write_text(yaml.safe_dump(record))
+    return out
+
+
+def show(capsys, shards, key, out, *extra):
+    code = main(["show", "--shards", str(shards), "--key", key, "--out", str(out), *extra])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_outlined(pixels, box, color, fill):
+    """The box's border pixels have `color`; pixels just outside and well inside are untouched."""
+    x1, y1, x2, y2 = box
+    mid_x, mid_y = (x1 + x2) // 2, (y1 + y2) // 2
+    for y, x in [(mid_y, x1), (mid_y, x2 - 1), (y2 - 1, mid_x)]:
+        assert tuple(pixels[y, x]) == color, (box, x, y)
+    for y, x in [(mid_y, x1 - 2), (mid_y, x2 + 1), (y2 + 1, mid_x)]:
+        assert tuple(pixels[y, x]) == BACKGROUND, (box, x, y)
+    assert tuple(pixels[y2 - 5, mid_x]) == fill
+
+
+def test_boxes_are_drawn_on_their_objects(photos, tmp_path, capsys):
+    """Stored boxes are original-image pixels: show outlines exactly the rectangles' pixels."""
+    feats = write_shards(tmp_path / "feats", photos)
+    code, printed, _ = show(capsys, feats, "folder-scene", tmp_path / "look.png")
+    assert code == 0
+    assert str(tmp_path / "look.png") in printed
+    assert "2 of 2 boxes" in printed and "200x120" in printed
+    pixels = np.asarray(Image.open(tmp_path / "look.png"))
+    assert pixels.shape == (120, 200, 3)
+    for box, color, fill in zip(SCENE_BOXES, box_colors(2), FILLS):
+        assert_outlined(pixels, box, color, fill)
+
+
+def test_draw_regions_outlines_box_pixels_and_keeps_labels_inside():
+    image = Image.new("RGB", (100, 100), BACKGROUND)
+    drawn = draw_regions(image, np.float32([[10, 20, 40, 50], [70, 80, 100, 100]]),
+                         ["red ball 0.90", "corner box 0.50"])
+    assert image.getpixel((10, 30)) == BACKGROUND  # the input is not modified
+    pixels = np.asarray(drawn)
+    assert_outlined(pixels, [10, 20, 40, 50], box_colors(2)[0], BACKGROUND)
+    # The corner box's label does not fit right of x=70: it is shifted left to stay visible.
+    assert (pixels[:80, :70] == box_colors(2)[1]).all(-1).any()
+    assert len(set(box_colors(36))) == 36
+
+
+def test_labels_and_selection(photos, tmp_path):
+    sample = next(iter_samples(write_shards(tmp_path / "feats", photos)))
+    sample.arrays["attr_conf"][:] = [0.5, 0.05]
+    labels = region_labels(sample, np.array([0, 1]), min_attr_conf=0.1)
+    assert labels == ["red ball 0.90", "ball 0.60"]
+    conf = np.float32([0.2, 0.9, 0.5, 0.7])
+    assert select_regions(conf, max_boxes=2, min_conf=0.3).tolist() == [1, 3]
+    assert select_regions(conf, max_boxes=36, min_conf=0.6).tolist() == [1, 3]
+
+
+def test_image_from_the_dataset_the_shard_and_a_moved_root(photos, tmp_path, capsys):
+    feats = write_shards(tmp_path / "feats", photos)
+    code, printed, _ = show(capsys, feats, "folder-sub%2Fother", tmp_path / "a.png")
+    assert code == 0 and str(photos / "sub" / "other.png") in printed and "90x70" in printed
+
+    kept = write_shards(tmp_path / "kept", photos, keep_images=True)
+    moved = tmp_path / "moved"
+    shutil.move(photos, moved)
+    code, printed, _ = show(capsys, kept, "folder-scene", tmp_path / "b.png", "--max-boxes", "1")
+    assert code == 0 and "1 of 2 boxes" in printed and "stored in" in printed
+
+    code, _, err = show(capsys, feats, "folder-scene", tmp_path / "c.png")
+    assert code == 2 and str(photos) in err and "--root" in err
+    code, printed, _ = show(capsys, feats, "folder-scene", tmp_path / "c.png", "--root", str(moved))
+    assert code == 0 and str(moved / "scene.png") in printed
+    # The stored image and the moved file give the same picture (below the labels).
+    assert np.array_equal(np.asarray(Image.open(tmp_path / "b.png").crop((0, 60, 200, 120))),
+                          np.asarray(Image.open(tmp_path / "c.png").crop((0, 60, 200, 120))))
+
+
+def test_exif_orientation_is_applied_as_in_extraction(tmp_path, capsys):
+    """A photo stored sideways: its boxes refer to the upright image the extractor decoded."""
+    root = tmp_path / "photos"
+    root.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: rotate 90 degrees clockwise for display
+    Image.new("RGB", (120, 200), BACKGROUND).save(root / "phone.jpg", exif=exif)
+    feats = write_shards(tmp_path / "feats", root, boxes_by_id={"phone": [[10, 10, 150, 100]]})
+    code, printed, _ = show(capsys, feats, "folder-phone", tmp_path / "look.png")
+    assert code == 0 and "200x120" in printed
+    assert Image.open(tmp_path / "look.png").size == (200, 120)
+
+
+def test_unknown_key_lists_close_keys(photos, tmp_path, capsys):
+    feats = write_shards(tmp_path / "feats", photos)
+    code, _, err = show(capsys, feats, "folder-scen", tmp_path / "x.png")
+    assert code == 2
+    assert "'folder-scen'" in err and "2 samples" in err and "closest keys: folder-scene" in err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_missing_image_says_where_it_looked(photos, tmp_path, capsys):
+    feats = write_shards(tmp_path / "feats", photos)
+    (photos / "scene.png").unlink()
+    code, _, err = show(capsys, feats, "folder-scene", tmp_path / "x.png")
+    assert code == 2
+    assert "'scene'" in err and str(photos) in err
+    assert "extract_config.yaml" in err and "--root" in err
+
+    Image.new("RGB", (50, 50)).save(photos / "scene.png")
+    code, _, err = show(capsys, feats, "folder-scene", tmp_path / "x.png")
+    assert code == 2 and "50x50" in err and "200x120" in err
+
+    (feats / "extract_config.yaml").unlink()
+    code, _, err = show(capsys, feats, "folder-scene", tmp_path / "x.png", "--root", str(photos))
+    assert code == 2 and "no stored image" in err and "no extract_config.yaml" in err
+
+
+def test_show_has_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["show", "--help"])
+    assert exit_info.value.code == 0
+    assert "--max-boxes" in capsys.readouterr().out
