@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from pipeline.config import ConfigError
+from pipeline.datasets import READERS, DatasetError
 
 DESCRIPTION = """\
 The open pipeline for vision-and-language pretraining: raw images in, bottom-up-attention region
@@ -39,8 +40,16 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _extract_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", default="folder", help="dataset reader (default: folder)")
-    parser.add_argument("--root", required=True, help="dataset root directory")
+    parser.add_argument(
+        "--dataset",
+        default="folder",
+        choices=sorted(READERS),
+        help="dataset reader (default: folder); the layout each expects under --root is in "
+        "README.md, 'Dataset layouts'",
+    )
+    parser.add_argument(
+        "--root", required=True, help="dataset root directory (for --dataset list: the list file)"
+    )
     parser.add_argument("--out", required=True, help="output directory for the shards")
     parser.add_argument(
         "--weights",
@@ -242,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
             return run_demo(args)
     except ConfigError as err:
         print(f"pipeline: config error: {err}", file=sys.stderr)
+        return 2
+    except DatasetError as err:
+        print(f"pipeline: dataset error: {err}", file=sys.stderr)
         return 2
     raise AssertionError(f"unhandled verb {args.verb}")
 

@@ -1,16 +1,29 @@
 """Dataset readers: each lists a dataset's images as `ImageRef`s with stable ids.
 
-A plain dict maps `--dataset NAME` to its reader; later datasets add an entry here.
+A plain dict maps `--dataset NAME` to its reader; each reader's module docstring gives the layout
+it expects under `--root`, its id rule and its split.
 """
 
 from __future__ import annotations
 
 from pipeline.datasets.base import DatasetError, ImageRef
+from pipeline.datasets.cc3m import list_cc3m
+from pipeline.datasets.coco import list_coco
 from pipeline.datasets.folder import list_folder
+from pipeline.datasets.image_list import list_from_file
+from pipeline.datasets.nlvr2 import list_nlvr2, nlvr2_image_ids
+from pipeline.datasets.vg import list_vg
 
-READERS = {"folder": list_folder}
+READERS = {
+    "folder": list_folder,
+    "list": list_from_file,
+    "coco": list_coco,
+    "vg": list_vg,
+    "nlvr2": list_nlvr2,
+    "cc3m": list_cc3m,
+}
 
-__all__ = ["READERS", "DatasetError", "ImageRef", "list_images"]
+__all__ = ["READERS", "DatasetError", "ImageRef", "list_images", "nlvr2_image_ids"]
 
 
 def list_images(dataset: str, root: str) -> list[ImageRef]:

@@ -7,8 +7,30 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
 class DatasetError(ValueError):
     """A dataset root that does not have the expected layout."""
+
+
+def describe_contents(folder: Path, limit: int = 8) -> str:
+    """What a folder holds, for error messages: `a/, b/, c.txt (and 3 more)`, `nothing`, ..."""
+    if not folder.exists():
+        return "nothing (it does not exist)"
+    if not folder.is_dir():
+        return "a file, not a directory"
+    names = sorted(p.name + "/" if p.is_dir() else p.name for p in folder.iterdir())
+    if not names:
+        return "nothing (an empty directory)"
+    more = f" (and {len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def examples(items: list, limit: int = 3) -> str:
+    """The first few items of a list, for messages: `a, b, c, ...`."""
+    shown = ", ".join(str(item) for item in items[:limit])
+    return shown + (", ..." if len(items) > limit else "")
 
 
 @dataclass(frozen=True)

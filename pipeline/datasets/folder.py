@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from pipeline.datasets.base import DatasetError, ImageRef
-
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+from pipeline.datasets.base import IMAGE_SUFFIXES, DatasetError, ImageRef
 
 
 def list_folder(root: str | Path) -> list[ImageRef]:

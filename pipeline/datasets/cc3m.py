@@ -1,0 +1,158 @@
+"""`--dataset cc3m`: Conceptual Captions images, in one of two layouts detected from --root.
+
+(a) img2dataset `--output_format webdataset` output, chosen when --root holds `{digits}.tar`:
+
+    00000.tar           000000000.jpg, 000000000.txt, 000000000.json, 000000001.jpg, ...
+    00000.parquet       one row per url, failed downloads included (not read here)
+    00000_stats.json    written last by img2dataset: count, successes, ...
+
+    Image id: the img2dataset key, the member name before its first dot (`000000012`). The tar
+    headers are read once and each ref names the tar, the member, and the member's data offset
+    and length in bytes, so extraction reads an image with one positioned read. Failed downloads
+    (count - successes of the stats files) and tars without a stats file (an interrupted
+    download; their images are listed) are logged as a warning.
+
+(b) the official CC3M TSV and a folder of images downloaded from it, chosen otherwise:
+
+    Train_GCC-training.tsv       caption<TAB>url per line, no header; a first line
+                                 `caption<TAB>url` (added for img2dataset) is skipped, as are
+                                 blank lines; exactly one .tsv in --root
+    images/000000000.jpg         the image of data row 0: any image suffix, sub-folders allowed,
+    images/00000/000000001.jpg   so img2dataset's `--output_format files` output fits too
+
+    Image id: the 0-based data row number as 9 digits, `{row:09d}`. That is also the key
+    img2dataset gives the row with its defaults (key = shard * 10**4 + index in shard, 9 digits,
+    for 10,000 samples per shard), so both layouts of one TSV give the same ids. A row without an
+    image is not listed, since dead urls are normal for CC3M (about 10% of them); the listing logs
+    how many rows have no image, and which.
+
+Split: always "" (CC3M's train and validation TSVs are separate roots).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import tarfile
+from pathlib import Path, PurePosixPath
+
+from pipeline.datasets.base import (
+    IMAGE_SUFFIXES, DatasetError, ImageRef, describe_contents, examples,
+)
+
+HEADER = "caption\turl"
+KEY = re.compile(r"\d{9}")
+EXPECTED = (
+    "expected img2dataset shards ({shard:05d}.tar with _stats.json) or one CC3M .tsv "
+    "(caption<TAB>url) with an images/ folder holding {row:09d}.jpg"
+)
+
+log = logging.getLogger(__name__)
+
+
+def list_cc3m(root: str | Path) -> list[ImageRef]:
+    """The downloaded CC3M images under `root`; see the module docstring for both layouts."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetError(f"cc3m root {root}: {EXPECTED}; found: {describe_contents(root)}")
+    tars = sorted(p for p in root.glob("*.tar") if p.stem.isdigit())
+    if tars:
+        return _list_shards(root, tars)
+    tsvs = sorted(root.glob("*.tsv"))
+    if len(tsvs) != 1 or not (root / "images").is_dir():
+        raise DatasetError(f"cc3m root {root}: {EXPECTED}; found: {describe_contents(root)}")
+    return _list_tsv(root, tsvs[0], root / "images")
+
+
+def _list_shards(root: Path, tars: list[Path]) -> list[ImageRef]:
+    """Layout (a): one ref per image member of the img2dataset tars."""
+    refs: dict[str, ImageRef] = {}
+    unfinished, failed, urls = [], 0, 0
+    for tar_path in tars:
+        try:
+            with tarfile.open(tar_path, "r:") as tar:
+                for member in tar:
+                    name = PurePosixPath(member.name)
+                    if not member.isfile() or name.suffix.lower() not in IMAGE_SUFFIXES:
+                        continue
+                    key = name.name.split(".", 1)[0]
+                    ref = ImageRef(dataset="cc3m", image_id=key, path=tar_path, member=member.name,
+                                   offset=member.offset_data, length=member.size)
+                    if key in refs:
+                        raise DatasetError(
+                            f"cc3m root {root}: key {key} is both {refs[key].location} and "
+                            f"{ref.location}"
+                        )
+                    refs[key] = ref
+        except tarfile.TarError as err:
+            raise DatasetError(f"{tar_path}: not a readable tar ({err})") from err
+        stats_path = root / f"{tar_path.stem}_stats.json"
+        if not stats_path.is_file():
+            unfinished.append(tar_path.name)
+            continue
+        try:
+            stats = json.loads(stats_path.read_bytes())
+            urls += stats["count"]
+            failed += stats["count"] - stats["successes"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise DatasetError(f"{stats_path}: not an img2dataset stats file ({err!r})") from err
+    if not refs:
+        raise DatasetError(f"cc3m root {root}: the {len(tars)} tar(s) hold no images")
+    if failed:
+        log.warning("cc3m root %s: %d of %d urls failed to download (per *_stats.json); "
+                    "they are not in the tars", root, failed, urls)
+    if unfinished:
+        log.warning("cc3m root %s: %d tar(s) have no _stats.json, so img2dataset may not have "
+                    "finished them (%s); their images are listed", root, len(unfinished),
+                    examples(unfinished))
+    return list(refs.values())
+
+
+def _count_rows(tsv: Path) -> int:
+    """Data rows of a CC3M TSV, checking each has two tab-separated fields."""
+    rows = 0
+    with tsv.open(encoding="utf-8", newline="") as f:
+        for line_no, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line or (line_no == 1 and line == HEADER):
+                continue
+            fields = line.count("\t") + 1
+            if fields != 2:
+                raise DatasetError(f"{tsv}:{line_no}: expected caption<TAB>url, found {fields} "
+                                   f"tab-separated field(s)")
+            rows += 1
+    return rows
+
+
+def _list_tsv(root: Path, tsv: Path, images: Path) -> list[ImageRef]:
+    """Layout (b): one ref per TSV row with a file in images/."""
+    rows = _count_rows(tsv)
+    if rows == 0:
+        raise DatasetError(f"{tsv}: no caption<TAB>url rows")
+    refs: dict[str, ImageRef] = {}
+    misnamed = []
+    for path in sorted(images.rglob("*")):
+        if not path.is_file() or path.suffix.lower() not in IMAGE_SUFFIXES:
+            continue
+        key = path.stem
+        if not KEY.fullmatch(key) or int(key) >= rows:
+            misnamed.append(path.relative_to(images).as_posix())
+            continue
+        if key in refs:
+            raise DatasetError(f"cc3m root {root}: row {int(key)} has two images, "
+                               f"{refs[key].path} and {path}")
+        refs[key] = ImageRef(dataset="cc3m", image_id=key, path=path)
+    if misnamed:
+        raise DatasetError(
+            f"cc3m images folder {images}: {len(misnamed)} image file(s) not named after a row of "
+            f"{tsv.name} ({rows} rows, so 000000000 .. {rows - 1:09d}): {examples(misnamed)}"
+        )
+    if not refs:
+        raise DatasetError(f"cc3m images folder {images}: no images for the {rows} rows of {tsv}; "
+                           f"found: {describe_contents(images)}")
+    if len(refs) < rows:
+        missing = [row for row in range(rows) if f"{row:09d}" not in refs]
+        log.warning("cc3m root %s: %d of %d rows of %s have no image in %s (rows %s); they are "
+                    "not listed", root, len(missing), rows, tsv.name, images, examples(missing))
+    return list(refs.values())
