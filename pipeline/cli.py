@@ -76,6 +76,35 @@ def _extract_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--strict", action="store_true", help="exit non-zero if any image fails"
     )
+    _engine_args(parser)
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("engine (may change when a run is resumed)")
+    group.add_argument(
+        "--engine",
+        choices=["ray", "local"],
+        help="ray: Ray Data decode tasks and detector actors (default); local: one process",
+    )
+    group.add_argument(
+        "--address", help="Ray cluster to join, e.g. auto or HEAD_IP:6379 (default: start a "
+        "local Ray for this run)"
+    )
+    group.add_argument(
+        "--batch-size", type=int, help="images per detector batch (default 4; features agree "
+        "across batch sizes to ~1e-4, bitwise only for the same batch size)"
+    )
+    group.add_argument(
+        "--actors", type=int, help="detector actors (default: one per GPU, else one on the CPUs)"
+    )
+    group.add_argument(
+        "--gpus-per-actor", type=float, help="GPUs per actor, e.g. 0.5 (default: 1 if the "
+        "cluster has GPUs, else 0)"
+    )
+    group.add_argument(
+        "--decoders", type=int, help="decode tasks running at once (default: the CPUs the "
+        "actors leave)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -167,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         "extract",
         help="images/s and time per stage of the extractor",
         description="Time the extractor stage by stage (decode, preprocess, backbone, RPN, RoI "
-        "head, selection, write) for each batch size and precision.",
+        "head, selection, write) for each batch size and precision; with --ray, also the Ray "
+        "engine on the same images, and its overhead against the in-process engine.",
     )
     bench_extract.add_argument("--images", help="folder of images (default: the bundled samples)")
     bench_extract.add_argument("--num-images", type=int, default=16, help="images per setting")
@@ -177,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_extract.add_argument("--weights", help="detector checkpoint (default: random init)")
     bench_extract.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    bench_extract.add_argument(
+        "--ray", action="store_true", help="also run the Ray engine (a local Ray; actors, "
+        "decoders via --set run.actors=N ...) and report its overhead"
+    )
     _config_args(bench_extract)
 
     world = verbs.add_parser("world", help="the synthetic world: images and annotations in real formats")

@@ -1,52 +1,80 @@
-"""`pipeline extract` on one machine: list -> decode/resize (threads) -> detect -> write shards.
+"""`pipeline extract`: list -> read, decode and resize -> detect -> write shards, resumably.
 
-Shards are planned up front from the sorted image list (`{index:05d}`, `shard_size` images each),
-so a re-run of the same command knows what is done: a shard whose stats file exists is skipped.
-A bad image becomes a failure record in its shard's stats; the rest of the shard is written.
+Two engines run the same plan (see `pipeline.extract_output`) with the same steps
+(`pipeline.extract_steps`) and write the same samples:
+- "ray" (default): Ray Data decode tasks and detector actors, on a local Ray or a cluster;
+  `pipeline.extract_ray`, imported only when chosen.
+- "local": one process; decoding in a thread pool, one Extractor.
+Shards whose stats file exists are kept, so re-running the same command resumes. A bad image
+becomes a failure record in its shard's stats and status table; the rest of the shard is written.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import time
-from collections import Counter
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
-import yaml
 from tqdm import tqdm
 
-from extractor.config import PRESETS, ExtractorConfig, PreprocessConfig
+from extractor.config import PRESETS, ExtractorConfig
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
-from extractor.features import RegionFeatures
-from extractor.preprocess import ImageError, PreparedImage, decode_image, resize_image
 from extractor.weights import load_detector_weights, weights_hash
 from pipeline.config import ConfigError, load_yaml, parse_sets, resolve, to_dict
 from pipeline.datasets import ImageRef, list_images
-from shards.schema import build_sample
-from shards.writer import ShardWriter, completed_shards, write_manifest
+from pipeline.extract_output import (
+    OutputLock, RunLog, ShardSink, Tally, Unit, format_summary, plan_shards, plan_units,
+    save_job_config,
+)
+from pipeline.extract_steps import Prepared, detect_batch, prepare
+from shards.writer import completed_shards, write_manifest
 
+Engine = Literal["ray", "local"]
 Precision = Literal["fp32", "bf16", "fp16"]
 AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """device: "auto" (cuda if available), "cpu", "cuda", "cuda:N". precision: autocast on GPU."""
+    """How to run an extraction. Only `precision` and `seed` (which fixes a random-init detector)
+    can change the samples; the rest (ENGINE_FIELDS) may differ between a run and its resumption.
 
+    engine: "ray" (Ray Data: decode tasks, detector actors; a local Ray unless --address) or
+        "local" (one process).
+    device: "auto" (cuda if available), "cpu", "cuda", "cuda:N". With Ray, "auto" and "cuda" mean
+        the GPUs Ray assigns each actor.
+    precision: autocast on GPU.
+    batch_size: images per detector batch, cut from the start of each shard.
+    decode_threads: the local engine's decoding threads.
+    actors, gpus_per_actor, decoders: the Ray engine's detector actors, GPUs each (fractions share
+        a GPU) and decode tasks. None = from the cluster's resources: gpus_per_actor 1 if it has
+        GPUs (else 0), one actor per GPU (else 1 CPU actor), decoders = the CPUs left (at least 1).
+    """
+
+    engine: Engine = "ray"
     device: str = "auto"
     precision: Precision = "fp32"
     batch_size: int = 4
     decode_threads: int = 2
     seed: int = 0
+    actors: int | None = None
+    gpus_per_actor: float | None = None
+    decoders: int | None = None
+
+
+ENGINE_FIELDS = (
+    "engine", "device", "batch_size", "decode_threads", "actors", "gpus_per_actor", "decoders",
+)
 
 
 @dataclass(frozen=True)
@@ -68,6 +96,12 @@ class ExtractJobConfig(ExtractorConfig):
         names = [f.name for f in dataclasses.fields(ExtractorConfig)]
         return ExtractorConfig(**{name: getattr(self, name) for name in names})
 
+    def sample_config(self) -> dict:
+        """The config as a dict without the engine settings: what decides the samples."""
+        config = to_dict(self)
+        config["run"] = {k: v for k, v in config["run"].items() if k not in ENGINE_FIELDS}
+        return config
+
 
 def resolve_job(
     config: str | None,
@@ -75,10 +109,12 @@ def resolve_job(
     preset: str | None = None,
     boxes: str | None = None,
     device: str | None = None,
+    **run_flags,
 ) -> ExtractJobConfig:
     """Defaults <- the preset's preprocessing and selection <- YAML <- --set <- explicit flags.
 
     The preset is taken from the flag, else from the YAML or a `--set preset=...`, else "caffe".
+    run_flags: RunConfig fields given as flags (None = not given).
     """
     if preset is None:
         preset = next((v for k, v in parse_sets(sets) if k == ["preset"]), None)
@@ -93,9 +129,8 @@ def resolve_job(
     job = dataclasses.replace(job, preset=preset)
     if boxes is not None:
         job = dataclasses.replace(job, selection=dataclasses.replace(job.selection, mode=boxes))
-    if device is not None:
-        job = dataclasses.replace(job, run=dataclasses.replace(job.run, device=device))
-    return job
+    given = {k: v for k, v in {"device": device, **run_flags}.items() if v is not None}
+    return dataclasses.replace(job, run=dataclasses.replace(job.run, **given))
 
 
 def pick_device(name: str) -> torch.device:
@@ -107,194 +142,66 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def build_extractor(job: ExtractJobConfig, weights: str | None) -> tuple[Extractor, dict]:
-    """The Extractor for `job` and the detector record stored in every sample's metadata."""
+def detector_record(job: ExtractJobConfig, weights: str | None, model: BUTDDetector | None = None) -> dict:
+    """{"name", "config_hash", "weights_hash"}, stored in every sample's metadata.
+
+    weights_hash: the checkpoint file's sha256; for a random-init detector, the hash of the
+    tensors of `model`, or of the model that `run.seed` gives when `model` is None.
+    """
+    if weights:
+        if not Path(weights).is_file():
+            raise ConfigError(f"weights file {weights} does not exist")
+        name, digest = Path(weights).name, weights_hash(weights)
+    else:
+        if model is None:
+            torch.manual_seed(job.run.seed)
+            model = BUTDDetector(job.detector)
+        name, digest = "random-init", weights_hash(model)
+    return {"name": name, "config_hash": job.extractor_config().digest(), "weights_hash": digest}
+
+
+def build_extractor(
+    job: ExtractJobConfig, weights: str | None, device: str | None = None
+) -> tuple[Extractor, dict]:
+    """The Extractor for `job` on `device` (default job.run.device) and its detector record."""
     torch.manual_seed(job.run.seed)
     model = BUTDDetector(job.detector)
+    detector = detector_record(job, weights, model)
     if weights:
-        info = load_detector_weights(model, weights)
-        name, digest = Path(weights).name, info.sha256
-    else:
-        name, digest = "random-init", weights_hash(model)
-    device = pick_device(job.run.device)
+        load_detector_weights(model, weights)
+    device = pick_device(device or job.run.device)
     autocast = AUTOCAST[job.run.precision] if device.type == "cuda" else None
     extractor = Extractor(job.extractor_config(), model, device=device, autocast_dtype=autocast)
-    detector = {"name": name, "config_hash": job.extractor_config().digest(), "weights_hash": digest}
     return extractor, detector
 
 
-@dataclass
-class Prepared:
-    """One decoded image (or the reason it failed) on its way to the detector."""
+class LocalEngine:
+    """Runs units in this process: decoding in a thread pool a few batches ahead, one Extractor."""
 
-    ref: ImageRef
-    image: PreparedImage | None = None
-    data: bytes | None = None
-    error: str | None = None
-    seconds_decode: float = 0.0
-    seconds_preprocess: float = 0.0
+    AHEAD = 2  # batches decoded ahead of the detector: enough to hide decoding, bounded memory
 
-
-def prepare(ref: ImageRef, preprocess: PreprocessConfig) -> Prepared:
-    """Read, decode and resize one image; never raises for a bad image."""
-    start = time.perf_counter()
-    try:
-        data = ref.read_bytes()
-        pixels = decode_image(data, ref.location, preprocess)
-    except (ImageError, OSError) as err:
-        return Prepared(ref, error=str(err))
-    decoded = time.perf_counter()
-    image = resize_image(pixels, preprocess)
-    return Prepared(
-        ref, image, data, seconds_decode=decoded - start,
-        seconds_preprocess=time.perf_counter() - decoded,
-    )
-
-
-@dataclass
-class Tally:
-    """Counts and stage times across a run, for the summary and the benchmark."""
-
-    ok: int = 0
-    failed: Counter = field(default_factory=Counter)
-    boxes: list[int] = field(default_factory=list)
-    seconds: Counter = field(default_factory=Counter)
-    skipped_shards: int = 0
-    skipped_images: int = 0
-
-
-class ShardExtraction:
-    """Extracts planned shards with one Extractor; decoding runs ahead in a thread pool."""
-
-    def __init__(
-        self,
-        job: ExtractJobConfig,
-        extractor: Extractor,
-        detector: dict,
-        given_boxes: dict[str, np.ndarray] | None = None,
-    ):
+    def __init__(self, job: ExtractJobConfig, extractor: Extractor, given_boxes=None):
         self.job = job
         self.extractor = extractor
-        self.detector = detector
-        self.given_boxes = given_boxes
-        self.params = {
-            "preprocess": to_dict(job.preprocess),
-            "selection": to_dict(job.selection),
-            "save_class_probs": job.save_class_probs,
-        }
-        self.tally = Tally()
-
-    def run_shard(self, out_dir: Path, name: str, refs: list[ImageRef], progress: tqdm) -> None:
-        writer = ShardWriter(out_dir, name)
-        try:
-            with ThreadPoolExecutor(self.job.run.decode_threads) as pool:
-                prepared = pool.map(lambda r: prepare(r, self.job.preprocess), refs)
-                for batch in _batches(prepared, self.job.run.batch_size):
-                    self._run_batch(batch, writer)
-                    progress.update(len(batch))
-        except BaseException:
-            writer.abort()
-            raise
-        start = time.perf_counter()
-        writer.close()
-        self.tally.seconds["write"] += time.perf_counter() - start
-
-    def _run_batch(self, batch: list[Prepared], writer: ShardWriter) -> None:
-        good = []
-        for item in batch:
-            self.tally.seconds["decode"] += item.seconds_decode
-            self.tally.seconds["preprocess"] += item.seconds_preprocess
-            if item.error is None and self.given_boxes is not None:
-                if item.ref.image_id not in self.given_boxes:
-                    item.error = f"{item.ref.location}: no boxes given for image id {item.ref.image_id!r}"
-            if item.error is not None:
-                self._fail(writer, item.ref, item.error)
-            else:
-                good.append(item)
-        if not good:
-            return
-        try:
-            results = self._detect(good)
-        except (RuntimeError, ValueError) as err:
-            if len(good) == 1:
-                self._fail(writer, good[0].ref, f"{good[0].ref.location}: detection failed: {err}")
-                return
-            for item in good:  # isolate the image that broke the batch
-                self._run_batch([dataclasses.replace(item, seconds_decode=0.0,
-                                                     seconds_preprocess=0.0)], writer)
-            return
-        start = time.perf_counter()
-        for item, feats in zip(good, results):
-            writer.write(self._sample(item, feats))
-            self.tally.ok += 1
-            self.tally.boxes.append(feats.num_boxes)
-        self.tally.seconds["write"] += time.perf_counter() - start
-
-    def _detect(self, items: list[Prepared]) -> list[RegionFeatures]:
-        given = None
-        if self.given_boxes is not None:
-            given = [self.given_boxes[item.ref.image_id] for item in items]
-        results = self.extractor([item.image for item in items], given_boxes=given)
-        for stage, seconds in self.extractor.last_timings.items():
-            self.tally.seconds[stage] += seconds
-        return results
-
-    def _fail(self, writer: ShardWriter, ref: ImageRef, reason: str) -> None:
-        writer.add_failure(ref.location, reason)
-        self.tally.failed[_reason_kind(reason)] += 1
-
-    def _sample(self, item: Prepared, feats: RegionFeatures):
-        keep = self.job.output.keep_images
-        return build_sample(
-            dataset=item.ref.dataset,
-            image_id=item.ref.image_id,
-            split=item.ref.split,
-            width=feats.image_width,
-            height=feats.image_height,
-            boxes=feats.boxes_xyxy_abs,
-            object_ids=feats.object_ids,
-            object_conf=feats.object_conf,
-            attr_ids=feats.attr_ids,
-            attr_conf=feats.attr_conf,
-            features=feats.features,
-            cls_probs=feats.cls_probs,
-            box_mode=self.job.selection.mode,
-            preset=self.job.preset,
-            detector=self.detector,
-            params=self.params,
-            image_bytes=item.data if keep else None,
-            image_ext=_image_ext(Path(item.ref.member or item.ref.path)) if keep else None,
+        self.prepare = partial(
+            prepare, preprocess=job.preprocess, given_boxes=given_boxes,
+            keep_bytes=job.output.keep_images,
         )
 
+    def run(self, units: list[Unit], sink: ShardSink) -> None:
+        with ThreadPoolExecutor(self.job.run.decode_threads) as pool:
+            for unit, items in zip(units, self._prepared(pool, units)):
+                detect_batch(self.extractor, items, sink.tally.seconds)
+                sink.add(unit, items)
 
-def _batches(items: Iterator[Prepared], size: int) -> Iterator[list[Prepared]]:
-    batch = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
-def _image_ext(path: Path) -> str:
-    ext = path.suffix.lower().lstrip(".")
-    return "jpg" if ext == "jpeg" else ext
-
-
-def _reason_kind(reason: str) -> str:
-    """The reason without the path, so the summary can count failures by kind."""
-    return reason.split(": ", 1)[-1]
-
-
-def plan_shards(refs: list[ImageRef], shard_size: int) -> list[tuple[str, list[ImageRef]]]:
-    """Deterministic shard plan: `00000`, `00001`, ... over the sorted refs."""
-    if shard_size < 1:
-        raise ConfigError("output.shard_size must be at least 1")
-    return [
-        (f"{i // shard_size:05d}", refs[i : i + shard_size]) for i in range(0, len(refs), shard_size)
-    ]
+    def _prepared(self, pool: ThreadPoolExecutor, units: list[Unit]) -> Iterator[list[Prepared]]:
+        pending: deque = deque()
+        for unit in units:
+            pending.append([pool.submit(self.prepare, ref) for ref in unit.refs])
+            if len(pending) > self.AHEAD:
+                yield [future.result() for future in pending.popleft()]
+        while pending:
+            yield [future.result() for future in pending.popleft()]
 
 
 def load_given_boxes(path: str) -> dict[str, np.ndarray]:
@@ -312,41 +219,6 @@ def load_given_boxes(path: str) -> dict[str, np.ndarray]:
     return boxes
 
 
-class OutputLock:
-    """An exclusive lock on the output directory: two runs into one directory are refused."""
-
-    def __init__(self, out_dir: Path):
-        self.path = out_dir / ".lock"
-
-    def __enter__(self) -> OutputLock:
-        self.file = self.path.open("w")
-        try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError as err:
-            self.file.close()
-            raise ConfigError(f"another extraction is writing to {self.path.parent}") from err
-        return self
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
-
-
-def save_job_config(out_dir: Path, job: ExtractJobConfig, dataset: str, root: str) -> None:
-    """Write the resolved config; refuse to resume into a directory made with another one."""
-    record = {"dataset": dataset, "root": str(Path(root).resolve()), "config": to_dict(job)}
-    path = out_dir / "extract_config.yaml"
-    if path.exists():
-        previous = yaml.safe_load(path.read_text())
-        if previous["config"] != record["config"] or previous["dataset"] != dataset:
-            raise ConfigError(
-                f"{out_dir} holds shards made with a different config or dataset; "
-                "use a new --out directory (or remove the old shards)"
-            )
-        return
-    path.write_text(yaml.safe_dump(record, sort_keys=False))
-
-
 def extract_dataset(
     job: ExtractJobConfig,
     dataset: str,
@@ -355,57 +227,92 @@ def extract_dataset(
     weights: str | None = None,
     given_boxes: dict[str, np.ndarray] | None = None,
     show_progress: bool = True,
+    address: str | None = None,
 ) -> Tally:
     """Extract every image of `dataset` under `root` into shards in `out_dir` (resumable)."""
+    record = {"dataset": dataset, "root": str(Path(root).resolve())}
+    return extract_refs(
+        job, list_images(dataset, root), record, out_dir, weights, given_boxes, show_progress, address
+    )
+
+
+def extract_refs(
+    job: ExtractJobConfig,
+    refs: list[ImageRef],
+    record: dict,
+    out_dir: str | Path,
+    weights: str | None = None,
+    given_boxes: dict[str, np.ndarray] | None = None,
+    show_progress: bool = True,
+    address: str | None = None,
+) -> Tally:
+    """Extract sorted `refs` into `out_dir`; `record` names their dataset and root for the config.
+
+    address: the Ray cluster to join (engine "ray"); None starts a local one for this run.
+    """
+    start = time.perf_counter()
     if job.selection.mode == "given" and given_boxes is None:
         raise ConfigError("box mode 'given' needs --given-boxes FILE")
-    refs = list_images(dataset, root)
+    if address is not None and job.run.engine != "ray":
+        raise ConfigError("--address joins a Ray cluster; it needs --engine ray")
     plan = plan_shards(refs, job.output.shard_size)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    tally = Tally()
     with OutputLock(out_dir):
-        save_job_config(out_dir, job, dataset, root)
+        if job.run.engine == "local":
+            extractor, detector = build_extractor(job, weights)
+        else:
+            detector = detector_record(job, weights)
+        save_job_config(out_dir, record | {"detector": detector, "config": job.sample_config()})
         done = completed_shards(out_dir)
         todo = [(name, shard_refs) for name, shard_refs in plan if name not in done]
-        extractor, detector = build_extractor(job, weights)
-        work = ShardExtraction(job, extractor, detector, given_boxes)
-        work.tally.skipped_shards = len(plan) - len(todo)
-        work.tally.skipped_images = sum(len(r) for n, r in plan if n in done)
-        total = sum(len(r) for _, r in todo)
-        with tqdm(total=total, unit="img", desc="extract", disable=not show_progress) as progress:
-            for name, shard_refs in todo:
-                work.run_shard(out_dir, name, shard_refs, progress)
-        write_manifest(out_dir)
-    return work.tally
-
-
-def format_summary(tally: Tally, wall_seconds: float, out_dir: Path) -> str:
-    lines = [f"shards in {out_dir}"]
-    if tally.skipped_shards:
-        lines.append(
-            f"  resumed: {tally.skipped_shards} finished shard(s) kept "
-            f"({tally.skipped_images} images)"
+        units = plan_units(todo, job.run.batch_size)
+        tally.skipped_shards = len(plan) - len(todo)
+        tally.skipped_images = sum(len(r) for n, r in plan if n in done)
+        log = RunLog(out_dir)
+        log.write(
+            f"=== run: {record['dataset']} at {record['root']}, engine {job.run.engine}, "
+            f"{len(refs)} images in {len(plan)} shards, "
+            f"{tally.skipped_shards} done before; run config {to_dict(job.run)}"
         )
-    failed = sum(tally.failed.values())
-    lines.append(f"  images ok: {tally.ok}   failed: {failed}")
-    for reason, count in tally.failed.most_common():
-        lines.append(f"    {count} x {reason}")
-    if tally.boxes:
-        b = np.array(tally.boxes)
-        lines.append(f"  boxes per image: mean {b.mean():.1f}, min {b.min()}, max {b.max()}")
-    done = tally.ok + failed
-    rate = done / wall_seconds if wall_seconds > 0 else 0.0
-    lines.append(f"  wall time {wall_seconds:.1f} s, {rate:.2f} images/s")
-    return "\n".join(lines)
+        progress = tqdm(
+            total=sum(len(u.refs) for u in units), unit="img", desc="extract",
+            disable=not show_progress,
+        )
+        sink = ShardSink(out_dir, job, detector, tally, log, progress)
+        try:
+            if job.run.engine == "local":
+                LocalEngine(job, extractor, given_boxes).run(units, sink)
+            else:
+                from pipeline.extract_ray import RayEngine
+
+                RayEngine(job, weights, detector, given_boxes, address).run(units, sink)
+            write_manifest(out_dir)
+            tally.wall_seconds = time.perf_counter() - start
+            log.write(format_summary(tally, out_dir))
+        except BaseException as err:
+            sink.abort()
+            log.write(f"=== stopped by {type(err).__name__}: {err}")
+            raise
+        finally:
+            progress.close()
+            log.close()
+    return tally
 
 
 def run_extract(args) -> int:
-    job = resolve_job(args.config, args.sets, args.preset, args.boxes, args.device)
+    job = resolve_job(
+        args.config, args.sets, args.preset, args.boxes, args.device, engine=args.engine,
+        batch_size=args.batch_size, actors=args.actors, gpus_per_actor=args.gpus_per_actor,
+        decoders=args.decoders,
+    )
     given = load_given_boxes(args.given_boxes) if args.given_boxes else None
-    start = time.perf_counter()
-    tally = extract_dataset(job, args.dataset, args.root, args.out, args.weights, given)
-    print(format_summary(tally, time.perf_counter() - start, Path(args.out)))
+    tally = extract_dataset(
+        job, args.dataset, args.root, args.out, args.weights, given, address=args.address
+    )
+    print(format_summary(tally, Path(args.out)))
     failures = sum(tally.failed.values())
     if failures:
-        print(f"  each failure's path and reason is in its shard's *_stats.json under {args.out}")
+        print(f"  each image's outcome and error is in its shard's *_status.json under {args.out}")
     return 1 if (args.strict and failures) else 0

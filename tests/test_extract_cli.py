@@ -10,13 +10,14 @@ from PIL import Image
 from skimage import data
 
 from pipeline.cli import main
-from pipeline.extract import OutputLock
 from pipeline.config import ConfigError
+from pipeline.extract_output import OutputLock
 from shards.reader import iter_samples
 from shards.verify import verify_shards
 
 TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=32",
-        "--set", "output.shard_size=3", "--set", "run.batch_size=2", "--device", "cpu"]
+        "--set", "output.shard_size=3", "--set", "run.batch_size=2", "--device", "cpu",
+        "--engine", "local"]
 
 
 def _png_header_only(width: int, height: int) -> bytes:
@@ -85,6 +86,14 @@ def test_rerun_resumes_without_duplicates(photo_folder, tmp_path, capsys):
     assert _run(photo_folder, out) == 0
     assert "resumed: 2 finished shard(s) kept" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == first
+
+
+def test_rerun_with_other_engine_settings_resumes(photo_folder, tmp_path, capsys):
+    out = tmp_path / "feats"
+    assert _run(photo_folder, out) == 0
+    capsys.readouterr()
+    assert _run(photo_folder, out, "--batch-size", "3", "--actors", "2", "--decoders", "1") == 0
+    assert "resumed: 3 finished shard(s) kept" in capsys.readouterr().out
 
 
 def test_rerun_with_another_config_is_refused(photo_folder, tmp_path, capsys):

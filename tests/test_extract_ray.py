@@ -1,0 +1,216 @@
+"""`pipeline extract` on Ray (local, 2 CPUs, tiny detector): same samples as the in-process engine,
+exactly once through a SIGKILLed driver or actor, bad images recorded, one run per directory.
+
+The killed runs are CLI subprocesses with their own embedded Ray; every process they started is
+found through /proc and killed at the end if it is still there.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from skimage import data
+
+from pipeline.cli import main
+from pipeline.config import ConfigError
+from pipeline.extract import RunConfig
+from pipeline.extract_ray import RayLayout, plan_layout
+from shards.verify import verify_shards
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=32",
+        "--set", "preprocess.min_size=96", "--set", "preprocess.max_size=160",
+        "--set", "output.shard_size=4", "--device", "cpu", "--batch-size", "2"]
+NUM_SHARDS = 5
+TIMEOUT = 300
+AGENTS = ("DashboardAgent", "RuntimeEnvAgent", "dashboard/agent.py", "runtime_env/agent/main.py")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """20 small photos; im06 is truncated (shard 00001 holds im04..im07)."""
+    root = tmp_path_factory.mktemp("photos")
+    photos = [data.astronaut(), data.coffee(), data.chelsea(), data.rocket()]
+    sizes = np.random.default_rng(0).integers(90, 140, size=20)
+    for i, side in enumerate(sizes):
+        Image.fromarray(photos[i % 4]).resize((int(side * 1.3), int(side))).save(root / f"im{i:02d}.jpg")
+    good = (root / "im06.jpg").read_bytes()
+    (root / "im06.jpg").write_bytes(good[: len(good) // 2])
+    return root
+
+
+def _argv(images, out, engine="ray"):
+    return ["extract", "--root", str(images), "--out", str(out), *TINY, "--engine", engine]
+
+
+@pytest.fixture(scope="module")
+def reference(images, tmp_path_factory):
+    """The in-process engine's output."""
+    out = tmp_path_factory.mktemp("reference")
+    assert main(_argv(images, out, "local")) == 0
+    return _outcome(out)
+
+
+def _outcome(out: Path) -> dict:
+    """Per shard: keys, per-sample digests, the tar's sha256, failures and the status table."""
+    result = {}
+    for stats_path in sorted(out.glob("*_stats.json")):
+        name = stats_path.name.removesuffix("_stats.json")
+        stats = json.loads(stats_path.read_text())
+        status = json.loads((out / f"{name}_status.json").read_text())
+        result[name] = {k: stats[k] for k in ("keys", "sample_sha256", "sha256", "failures")}
+        result[name]["status"] = status["images"]
+    return result
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (from /proc; Ray's raylet and workers included)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+def _wait(condition, what: str, proc: subprocess.Popen):
+    deadline = time.monotonic() + TIMEOUT
+    while not condition():
+        if proc.poll() is not None:
+            pytest.fail(f"the run ended (exit {proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class _Run:
+    """`pipeline extract` on Ray as a subprocess; on exit, it and everything it started are killed."""
+
+    def __init__(self, images, out: Path, log: Path):
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", *_argv(images, out)],
+            cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+        self.seen: set[int] = set()
+
+    def started(self) -> set[int]:
+        self.seen |= _descendants(self.proc.pid)
+        return self.seen
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        leftover = _alive(self.started() | {self.proc.pid})
+        for pid in leftover:
+            os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.log.close()
+
+
+def _finished_shards(out: Path) -> int:
+    return len(list(out.glob("*_stats.json")))
+
+
+@pytest.mark.ray
+def test_ray_run_equals_local_run_and_records_bad_images(images, reference, tmp_path, capsys):
+    out = tmp_path / "ray"
+    assert main(_argv(images, out)) == 0
+    summary = capsys.readouterr().out
+    assert "images ok: 19   failed: 1" in summary and "truncated" in summary
+    assert _outcome(out) == reference
+    assert verify_shards(out) == []
+
+    status = json.loads((out / "00001_status.json").read_text())["images"]
+    assert [(s["image_id"], s["status"]) for s in status] == [
+        ("im04", "ok"), ("im05", "ok"), ("im06", "failed"), ("im07", "ok")]
+    assert "im06.jpg: truncated or corrupt image data" in status[2]["error"]
+    log = (out / "extract.log").read_text()
+    for line in ("engine ray", "shard 00004: 4 ok, 0 failed", "failed ", "images ok: 19"):
+        assert line in log
+
+
+@pytest.mark.ray
+def test_killed_actor_and_killed_driver_resume_to_the_same_samples(
+    images, reference, tmp_path, capsys
+):
+    out = tmp_path / "feats"
+    with _Run(images, out, tmp_path / "first.log") as run:
+        _wait(lambda: "=== run" in _read(out / "extract.log"), "the run started", run.proc)
+        assert main(_argv(images, out)) == 2  # a second run into the same directory is refused
+        assert f"another extraction is writing to {out}" in capsys.readouterr().err
+
+        _wait(lambda: _finished_shards(out) >= 1, "a finished shard", run.proc)
+        actors = [p for p in run.started() if "UnitDetector" in _cmdline(p)]
+        assert len(actors) == 1, [_cmdline(p) for p in run.started()]
+        finished = _finished_shards(out)
+        os.kill(actors[0], signal.SIGKILL)
+        _wait(lambda: _finished_shards(out) > finished, "a shard after the actor's restart", run.proc)
+
+        ray_processes = run.started()
+        run.proc.send_signal(signal.SIGKILL)
+        run.proc.wait(timeout=30)
+        finished = _finished_shards(out)
+        assert finished < NUM_SHARDS, "the run finished before its driver was killed"
+        # The embedded Ray dies with its driver. Its two agents linger for a minute or so while
+        # they fail to report to the dead GCS; they hold no work and no cluster to join.
+        cluster = {p for p in ray_processes if not any(a in _cmdline(p) for a in AGENTS)}
+        deadline = time.monotonic() + 60
+        while _alive(cluster) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(cluster), [_cmdline(p) for p in _alive(cluster)]
+
+    assert main(_argv(images, out)) == 0
+    assert f"resumed: {finished} finished shard(s) kept" in capsys.readouterr().out
+    assert _outcome(out) == reference
+    assert not list(out.glob(".*.tmp"))
+    assert main(["shards", "verify", str(out)]) == 0
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+def test_layout_defaults_follow_the_cluster():
+    cpu_node, gpu_node = {"CPU": 2.0}, {"CPU": 16.0, "GPU": 2.0}
+    assert plan_layout(RunConfig(), cpu_node) == RayLayout(1, 0.0, 1, 2)
+    assert plan_layout(RunConfig(), gpu_node) == RayLayout(2, 1.0, 14, None)
+    assert plan_layout(RunConfig(gpus_per_actor=0.5), gpu_node) == RayLayout(4, 0.5, 12, None)
+    assert plan_layout(RunConfig(device="cpu", actors=2), gpu_node) == RayLayout(2, 0.0, 14, 8)
+    with pytest.raises(ConfigError, match="cluster has 0 GPUs"):
+        plan_layout(RunConfig(device="cuda"), cpu_node)
+    with pytest.raises(ConfigError, match="need one CPU each"):
+        plan_layout(RunConfig(decoders=2), cpu_node)
