@@ -29,6 +29,7 @@ import time
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -147,7 +148,7 @@ class RayEngine:
         given_boxes: dict[str, np.ndarray] | None, address: str | None,
     ):
         self.job = job
-        self.weights = weights
+        self.weights = str(Path(weights).resolve()) if weights else None
         self.detector = detector
         self.given_boxes = given_boxes
         self.address = address
