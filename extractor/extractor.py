@@ -165,7 +165,9 @@ class Extractor:
             fg_probs = cls_probs[lo:hi, :-1]
             if given_boxes is None:
                 h, w = float(im.orig_height), float(im.orig_width)
-                proposals = all_rois[lo:hi] / roi_scale[lo:hi]
+                # Proposals are clipped to the input; divided by a float32 scale, an edge at
+                # the input's border can land a rounding step outside the original image.
+                proposals = clip_boxes(all_rois[lo:hi] / roi_scale[lo:hi], h, w)
                 sel = select_regions(
                     proposals,
                     fg_probs,

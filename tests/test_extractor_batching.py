@@ -203,3 +203,18 @@ def test_bfloat16_autocast_stays_close(model, images):
     error = np.abs(fast.features.astype(np.float32) - exact.features).mean()
     assert error < 0.05 * np.abs(exact.features.astype(np.float32)).mean()
     assert fast.cls_probs.dtype == np.float32
+
+
+def test_saved_proposals_stay_inside_the_original_image(model):
+    # 102 px wide -> 151 px input: 151 / float32(151 / 102) is 102.00001, so an RoI on the
+    # input's right edge lands outside the image unless clipped (an invalid shard sample).
+    images = [_image(65, 102, 4), _image(67, 107, 5)]
+    cfg = _config("adaptive", saved_boxes="proposals", min_boxes=10, max_boxes=100)
+    touching = 0
+    for im, feats in zip(images, Extractor(cfg, model)(images)):
+        boxes = feats.boxes_xyxy_abs
+        assert (boxes >= 0).all()
+        assert (boxes[:, [0, 2]] <= im.orig_width).all()
+        assert (boxes[:, [1, 3]] <= im.orig_height).all()
+        touching += int((boxes[:, 2] == im.orig_width).sum())
+    assert touching > 0, "no proposal reaches the right edge: the test checks nothing"
