@@ -4,7 +4,11 @@
 `detect_batch` runs a batch's good images through the Extractor as one call. Both engines cut
 the same batches (see `pipeline.extract_output.plan_units`) and call these same functions, so they
 write the same samples: the in-process engine from threads and one Extractor, the Ray engine from
-decode tasks and detector actors.
+decode tasks and detector actors. Bit for bit, given the same torch thread count for the detector
+(on one machine, both engines' default): torch's CPU kernels round differently when work is split
+across another number of threads. The same holds for preprocess.resize "torch" (the hf-demo
+preset), which Ray decode tasks run on one thread and the in-process engine's decoding threads on
+torch's default; there the engines agree to ~1e-4.
 """
 
 from __future__ import annotations
