@@ -125,9 +125,11 @@ def ray_session(address: str | None):
     """Join the cluster at `address`, or start a fresh local Ray for this run; shut down after."""
     if address is None:
         # The embedded Ray's workers run here with this interpreter. Ray's `uv run` hook would
-        # start each of them through `uv run` and upload the working directory; it is read when
-        # ray is first imported.
+        # start each of them through `uv run` and upload the working directory (the hook is read
+        # when ray is first imported). Ray also starts workers at niceness 15 above the raylet's,
+        # which on a shared machine hands the run's CPU to any other process: keep the command's.
         os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+        os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
     ray.init(
