@@ -31,14 +31,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from extractor.config import PreprocessConfig
 from pipeline.config import ConfigError
-from pipeline.extract import ExtractJobConfig, RunConfig, build_extractor
 from pipeline.extract_output import ShardSink, Unit
 from pipeline.extract_steps import detect_batch, prepare
+
+if TYPE_CHECKING:  # imported by UnitDetector, so decode workers skip the detector's imports
+    from pipeline.extract import ExtractJobConfig, RunConfig
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,8 @@ class UnitDetector:
     def __init__(
         self, job: ExtractJobConfig, weights: str | None, detector: dict, layout: RayLayout
     ):
+        from pipeline.extract import build_extractor
+
         if layout.torch_threads:
             torch.set_num_threads(layout.torch_threads)
         self.extractor, loaded = build_extractor(job, weights, layout.device)

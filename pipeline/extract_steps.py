@@ -16,14 +16,17 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from extractor.config import PreprocessConfig
-from extractor.extractor import Extractor
-from extractor.features import RegionFeatures
 from extractor.preprocess import ImageError, PreparedImage, decode_image, resize_image
 from pipeline.datasets import ImageRef
+
+if TYPE_CHECKING:  # a decode worker never loads the detector (torchvision: ~10 s of CPU to import)
+    from extractor.extractor import Extractor
+    from extractor.features import RegionFeatures
 
 
 @dataclass
