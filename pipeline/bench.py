@@ -94,8 +94,8 @@ def bench_extract(args) -> list[dict]:
             with tempfile.TemporaryDirectory() as tmp:
                 for engine in engines:
                     run = dataclasses.replace(job.run, engine=engine)
-                    out = Path(tmp) / engine
-                    rows.append(run_engine(dataclasses.replace(job, run=run), refs, out, args.weights))
+                    engine_job = dataclasses.replace(job, run=run)
+                    rows.append(run_engine(engine_job, refs, Path(tmp) / engine, args.weights))
                 if args.ray:
                     local, ray = rows[-2:]
                     ray["overhead"] = 1 - ray["images_per_s"] / local["images_per_s"]

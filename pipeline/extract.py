@@ -142,7 +142,9 @@ def pick_device(name: str) -> torch.device:
     return device
 
 
-def detector_record(job: ExtractJobConfig, weights: str | None, model: BUTDDetector | None = None) -> dict:
+def detector_record(
+    job: ExtractJobConfig, weights: str | None, model: BUTDDetector | None = None
+) -> dict:
     """{"name", "config_hash", "weights_hash"}, stored in every sample's metadata.
 
     weights_hash: the checkpoint file's sha256; for a random-init detector, the hash of the
@@ -231,9 +233,8 @@ def extract_dataset(
 ) -> Tally:
     """Extract every image of `dataset` under `root` into shards in `out_dir` (resumable)."""
     record = {"dataset": dataset, "root": str(Path(root).resolve())}
-    return extract_refs(
-        job, list_images(dataset, root), record, out_dir, weights, given_boxes, show_progress, address
-    )
+    refs = list_images(dataset, root)
+    return extract_refs(job, refs, record, out_dir, weights, given_boxes, show_progress, address)
 
 
 def extract_refs(

@@ -30,7 +30,6 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -69,7 +68,9 @@ def plan_layout(run: RunConfig, resources: dict[str, float]) -> RayLayout:
     """
     cpus, gpus = int(resources.get("CPU", 0)), resources.get("GPU", 0.0)
     if run.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"device {run.device!r}: with Ray use auto, cpu or cuda (Ray assigns GPUs)")
+        raise ConfigError(
+            f"device {run.device!r}: with Ray use auto, cpu or cuda (Ray assigns the GPUs)"
+        )
     gpus_per_actor = run.gpus_per_actor
     if gpus_per_actor is None:
         gpus_per_actor = 1.0 if gpus and run.device != "cpu" else 0.0
@@ -116,7 +117,7 @@ class UnitDetector:
             torch.set_num_threads(layout.torch_threads)
         self.extractor, loaded = build_extractor(job, weights, layout.device)
         if loaded != detector:
-            raise RuntimeError(f"the detector loaded by an actor {loaded} is not the run's {detector}")
+            raise RuntimeError(f"an actor loaded detector {loaded}, not the run's {detector}")
 
     def __call__(self, row: dict) -> dict:
         items = pickle.loads(row["payload"])

@@ -71,7 +71,8 @@ def prepare(
     if given_boxes is not None:
         boxes = given_boxes.get(ref.image_id)
         if boxes is None:
-            return Prepared(ref, error=f"{ref.location}: no boxes given for image id {ref.image_id!r}")
+            error = f"{ref.location}: no boxes given for image id {ref.image_id!r}"
+            return Prepared(ref, error=error)
     image = resize_image(pixels, preprocess)
     return Prepared(
         ref, image, data if keep_bytes else None, boxes,

@@ -40,7 +40,8 @@ def images(tmp_path_factory):
     photos = [data.astronaut(), data.coffee(), data.chelsea(), data.rocket()]
     sizes = np.random.default_rng(0).integers(90, 140, size=20)
     for i, side in enumerate(sizes):
-        Image.fromarray(photos[i % 4]).resize((int(side * 1.3), int(side))).save(root / f"im{i:02d}.jpg")
+        image = Image.fromarray(photos[i % 4]).resize((int(side * 1.3), int(side)))
+        image.save(root / f"im{i:02d}.jpg")
     good = (root / "im06.jpg").read_bytes()
     (root / "im06.jpg").write_bytes(good[: len(good) // 2])
     return root
@@ -116,7 +117,7 @@ def _wait(condition, what: str, proc: subprocess.Popen):
 
 
 class _Run:
-    """`pipeline extract` on Ray as a subprocess; on exit, it and everything it started are killed."""
+    """`pipeline extract` on Ray as a subprocess; on exit, it and all it started are killed."""
 
     def __init__(self, images, out: Path, log: Path):
         self.log = log.open("w")
@@ -178,7 +179,7 @@ def test_killed_actor_and_killed_driver_resume_to_the_same_samples(
         assert len(actors) == 1, [_cmdline(p) for p in run.started()]
         finished = _finished_shards(out)
         os.kill(actors[0], signal.SIGKILL)
-        _wait(lambda: _finished_shards(out) > finished, "a shard after the actor's restart", run.proc)
+        _wait(lambda: _finished_shards(out) > finished, "a shard after the restart", run.proc)
 
         ray_processes = run.started()
         run.proc.send_signal(signal.SIGKILL)
