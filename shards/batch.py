@@ -1,0 +1,181 @@
+"""The batch contract between shards and models: Samples -> one padded RegionBatch of tensors.
+
+`collate_regions` is the DataLoader `collate_fn` for ShardDataset / FeatureStore samples
+(`functools.partial(collate_regions, max_boxes=36)` to fix its options; it pickles for workers).
+What it does to each sample, in order:
+- keeps the first `max_boxes` regions: shards store regions best-ranked first;
+- divides the boxes by the image's width and height (x1 y1 x2 y2 in [0, 1], clipped), the box
+  format every model takes (model/__init__.py);
+- pads to the batch's largest region count, or to `pad_to` for fixed shapes, with region_mask 0,
+  features, boxes and confidences 0, and object / attribute ids -1 (never a real class);
+- casts features (float16 in shards) and class probabilities to float32.
+
+A sample with no regions is legal in a shard (adaptive selection with `min_boxes: 0`, an image
+where the detector finds nothing): it collates to a row whose region_mask is all 0. A batch of
+only such samples has N = 0 unless `pad_to` is given. Models see a query that may attend to no
+region at all, so their masking must not turn such a row into NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shards.schema import NUM_CLS_PROBS, Sample
+
+# Fills the padding of object_ids and attr_ids: never a class, so a loss can ignore it.
+_PAD_IDS = -1
+
+
+@dataclass(frozen=True, eq=False)
+class RegionBatch:
+    """B images' regions padded to N, as tensors.
+
+    features         (B, N, D) float32
+    boxes_xyxy_norm  (B, N, 4) float32  x1 y1 x2 y2 divided by the image width / height, in [0, 1]
+    region_mask      (B, N) long        1 for a real region, 0 for padding
+    object_ids       (B, N) long        VG 1600-class id, -1 for padding
+    object_conf      (B, N) float32
+    attr_ids         (B, N) long        VG 400-attribute id, -1 for padding
+    attr_conf        (B, N) float32
+    cls_probs        (B, N, 1601) float32, or None unless every sample stored it
+    image_hw         (B, 2) long        original image height and width in pixels
+    keys             the B sample keys, in batch order
+    """
+
+    features: torch.Tensor
+    boxes_xyxy_norm: torch.Tensor
+    region_mask: torch.Tensor
+    object_ids: torch.Tensor
+    object_conf: torch.Tensor
+    attr_ids: torch.Tensor
+    attr_conf: torch.Tensor
+    cls_probs: torch.Tensor | None
+    image_hw: torch.Tensor
+    keys: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _map(self, fn) -> RegionBatch:
+        changes = {
+            f.name: fn(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **changes)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> RegionBatch:
+        """A copy with every tensor on `device`."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> RegionBatch:
+        """Called by a DataLoader with pin_memory=True."""
+        return self._map(lambda t: t.pin_memory())
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """The region arguments of every model's forward: features, boxes, region_mask."""
+        return {
+            "features": self.features,
+            "boxes": self.boxes_xyxy_norm,
+            "region_mask": self.region_mask,
+        }
+
+
+def collate_regions(
+    samples: Sequence[Sample], *, max_boxes: int | None = None, pad_to: int | None = None
+) -> RegionBatch:
+    """One RegionBatch from shard Samples (see the module docstring for what happens to each).
+
+    max_boxes: keep at most this many regions per sample (the first, best-ranked ones).
+    pad_to: N of the batch; every sample must fit in it after max_boxes (else ValueError).
+    Raises ValueError naming the sample key when samples disagree on the feature dimension or a
+    sample's arrays disagree with its num_boxes.
+    """
+    if not samples:
+        raise ValueError("collate_regions: no samples")
+    if max_boxes is not None and max_boxes < 0:
+        raise ValueError(f"max_boxes must be >= 0, got {max_boxes}")
+    counts = [_checked_count(s) for s in samples]
+    if max_boxes is not None:
+        counts = [min(n, max_boxes) for n in counts]
+    dims = [s.arrays["features"].shape[1] for s in samples]
+    for s, dim in zip(samples, dims):
+        if dim != dims[0]:
+            raise ValueError(
+                f"{s.key}: feature_dim {dim} differs from {dims[0]} of {samples[0].key}; "
+                "samples from different extractions cannot share a batch"
+            )
+    n_max = max(counts)
+    if pad_to is not None:
+        if pad_to < n_max:
+            key = samples[counts.index(n_max)].key
+            raise ValueError(
+                f"{key}: {n_max} regions do not fit in pad_to={pad_to}; set max_boxes <= pad_to"
+            )
+        n_max = pad_to
+    batch, dim = len(samples), dims[0]
+    with_probs = all("cls_probs" in s.arrays for s in samples)
+
+    features = torch.zeros(batch, n_max, dim, dtype=torch.float32)
+    boxes = torch.zeros(batch, n_max, 4, dtype=torch.float32)
+    mask = torch.zeros(batch, n_max, dtype=torch.long)
+    object_ids = torch.full((batch, n_max), _PAD_IDS, dtype=torch.long)
+    attr_ids = torch.full((batch, n_max), _PAD_IDS, dtype=torch.long)
+    object_conf = torch.zeros(batch, n_max, dtype=torch.float32)
+    attr_conf = torch.zeros(batch, n_max, dtype=torch.float32)
+    cls_probs = torch.zeros(batch, n_max, NUM_CLS_PROBS) if with_probs else None
+    image_hw = torch.zeros(batch, 2, dtype=torch.long)
+
+    for i, (s, n) in enumerate(zip(samples, counts)):
+        a, height, width = s.arrays, int(s.meta["height"]), int(s.meta["width"])
+        image_hw[i] = torch.tensor([height, width])
+        mask[i, :n] = 1
+        features[i, :n] = _tensor(a["features"][:n])
+        # Division in float32, so the result is the correctly rounded quotient of the stored box.
+        scale = torch.tensor([width, height, width, height], dtype=torch.float32)
+        boxes[i, :n] = (_tensor(a["boxes"][:n]) / scale).clamp_(0.0, 1.0)
+        object_ids[i, :n] = _tensor(a["object_ids"][:n])
+        attr_ids[i, :n] = _tensor(a["attr_ids"][:n])
+        object_conf[i, :n] = _tensor(a["object_conf"][:n])
+        attr_conf[i, :n] = _tensor(a["attr_conf"][:n])
+        if cls_probs is not None:
+            cls_probs[i, :n] = _tensor(a["cls_probs"][:n])
+
+    return RegionBatch(
+        features=features,
+        boxes_xyxy_norm=boxes,
+        region_mask=mask,
+        object_ids=object_ids,
+        object_conf=object_conf,
+        attr_ids=attr_ids,
+        attr_conf=attr_conf,
+        cls_probs=cls_probs,
+        image_hw=image_hw,
+        keys=tuple(s.key for s in samples),
+    )
+
+
+def _checked_count(sample: Sample) -> int:
+    """The sample's num_boxes, after checking its arrays have that many rows (a reader does not
+    validate samples, and a silent mismatch would misalign features and boxes)."""
+    n = sample.num_boxes
+    for name in ("boxes", "features", "object_ids", "object_conf", "attr_ids", "attr_conf"):
+        if name not in sample.arrays:
+            raise ValueError(f"{sample.key}: missing array {name!r}")
+        if sample.arrays[name].shape[0] != n:
+            shape = sample.arrays[name].shape
+            raise ValueError(f"{sample.key}: {name} has shape {shape} but num_boxes is {n}")
+    if sample.arrays["features"].ndim != 2:
+        shape = sample.arrays["features"].shape
+        raise ValueError(f"{sample.key}: features must be (N, D), got shape {shape}")
+    return n
+
+
+def _tensor(array: np.ndarray) -> torch.Tensor:
+    # from_numpy shares memory; the slice copy into the batch makes it safe and casts the dtype.
+    return torch.from_numpy(np.ascontiguousarray(array))
