@@ -1,0 +1,500 @@
+"""VisualBERT (Li et al., 2019): one BERT stack over the sequence [text; regions].
+
+Every element of the joint sequence is an embedding sum, then one LayerNorm and dropout over the
+whole concatenation (so text and regions are normalised alike, as in the Hugging Face reference):
+- a text token: word + position (0..T-1) + token type (segment, 0 by default);
+- a region: Linear(feature) + visual token type (segment, 1 by default: the authors' choice) +
+  visual position. Without word alignment every region takes row 0 of the visual position table.
+  With `word_aligned_regions` a region aligned to words additionally takes the mean of the *text*
+  position embeddings of those words (the paper's position tied to aligned words, B.2; the paper
+  says "sum", the reference code and Hugging Face average: we average, so checkpoints transfer).
+VisualBERT ignores region geometry: `boxes` is accepted for the shared contract and never read.
+
+Module tree (our state_dict names, a public API; L = num_layers):
+    embeddings.word                 Embedding(vocab_size, H)
+    embeddings.position             Embedding(max_positions, H)      text positions
+    embeddings.token_type           Embedding(type_vocab_size, H)    text segments
+    embeddings.visual_projection    Linear(visual_feat_dim, H)
+    embeddings.visual_position      Embedding(max_positions, H)      row 0 only is ever read
+    embeddings.visual_token_type    Embedding(type_vocab_size, H)    region segments
+    embeddings.norm                 LayerNorm(H)
+    layers.{0..L-1}.attention.{query,key,value,out}   Linear(H, H)
+    layers.{i}.attention_norm       LayerNorm(H)     post-norm after the attention residual
+    layers.{i}.ffn_in               Linear(H, intermediate)   then erf GELU
+    layers.{i}.ffn_out              Linear(intermediate, H)
+    layers.{i}.ffn_norm             LayerNorm(H)     post-norm after the feed-forward residual
+    pooler                          Linear(H, H)     tanh over the first ([CLS]) position
+
+Checkpoint interop with `transformers.VisualBertModel` (and the `visual_bert.` backbone of its
+task models) is by the explicit name table `hf_names` below; `hf_to_ours_state_dict` and
+`ours_to_hf_state_dict` are strict and raise `CheckpointMismatch` naming every missing,
+unexpected and mis-shaped tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class VisualBertConfig:
+    """VisualBERT hyper-parameters.
+
+    vocab_size: WordPiece vocabulary size (BERT uncased: 30522).
+    hidden_size: width H of every token and region state.
+    num_layers: transformer layers of the single joint stack.
+    num_heads: attention heads per layer; must divide hidden_size.
+    intermediate_size: width of the feed-forward layer.
+    max_positions: rows of the text (and visual) position tables; text length T must not exceed it.
+    type_vocab_size: segment ids available to text and to regions (2: 0 text, 1 image).
+    visual_feat_dim: D, the width of one detector region feature.
+    layer_norm_eps: epsilon of every LayerNorm (BERT: 1e-12).
+    hidden_dropout: dropout on embeddings and on both residual branches.
+    attention_dropout: dropout on attention probabilities.
+    initializer_range: std of the normal init of Linear and Embedding weights (BERT: 0.02).
+    pad_token_id: the [PAD] WordPiece, whose embedding row starts at zero and gets no gradient.
+    word_aligned_regions: regions get the mean text position embedding of the words aligned to
+        them (`region_word_alignment` in forward, required when this is set).
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_positions: int = 512
+    type_vocab_size: int = 2
+    visual_feat_dim: int = 2048
+    layer_norm_eps: float = 1e-12
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+    word_aligned_regions: bool = False
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} not divisible by num_heads {self.num_heads}"
+            )
+
+    @classmethod
+    def paper(cls, **overrides) -> VisualBertConfig:
+        """BERT-base, as in the paper: H 768, 12 layers, 12 heads, 2048-d detector features."""
+        return cls(**overrides)
+
+    @classmethod
+    def tiny(cls, **overrides) -> VisualBertConfig:
+        """Test size: H 32, 2 layers, 2 heads; the BERT vocabulary is kept so real tokens fit."""
+        fields = dict(
+            hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, max_positions=64
+        )
+        return cls(**{**fields, **overrides})
+
+
+@dataclass
+class VisualBertOutput:
+    """text_hidden (B, T, H), visual_hidden (B, N, H): last-layer states at text / region positions;
+    pooled (B, H): tanh(Linear(state of the first token)); attentions: when asked, one
+    (B, heads, T + N, T + N) map per layer, rows = queries, over the joint sequence [text; regions].
+    """
+
+    text_hidden: torch.Tensor
+    visual_hidden: torch.Tensor
+    pooled: torch.Tensor
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+class VisualBertEmbeddings(nn.Module):
+    """Text and region embeddings, concatenated, then one LayerNorm + dropout over the whole."""
+
+    def __init__(self, config: VisualBertConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.word = nn.Embedding(config.vocab_size, h, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_positions, h)
+        self.token_type = nn.Embedding(config.type_vocab_size, h)
+        self.visual_projection = nn.Linear(config.visual_feat_dim, h)
+        # A full table although only row 0 is read: the shape of the reference checkpoints.
+        self.visual_position = nn.Embedding(config.max_positions, h)
+        self.visual_token_type = nn.Embedding(config.type_vocab_size, h)
+        self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (B, T)
+        token_type_ids: torch.Tensor,  # (B, T)
+        features: torch.Tensor,  # (B, N, D)
+        visual_token_type_ids: torch.Tensor,  # (B, N)
+        alignment: torch.Tensor | None,  # (B, N, A), -1 = no word
+    ) -> torch.Tensor:  # (B, T + N, H)
+        T = input_ids.shape[1]
+        positions = torch.arange(T, device=input_ids.device)
+        text = self.word(input_ids) + self.token_type(token_type_ids) + self.position(positions)
+
+        # Row 0 for every region: the reference uses no other row of this table.
+        region_pos = self.visual_position.weight[0]  # (H,)
+        if alignment is not None:
+            aligned = (alignment >= 0).to(features.dtype)  # (B, N, A)
+            word_pos = self.position(alignment.clamp(min=0)) * aligned.unsqueeze(-1)  # (B, N, A, H)
+            # A region aligned to no word gets no text position (the reference divides by 1).
+            count = aligned.sum(-1).clamp(min=1).unsqueeze(-1)  # (B, N, 1)
+            region_pos = word_pos.sum(2) / count + region_pos  # (B, N, H)
+        segment = self.visual_token_type(visual_token_type_ids)  # (B, N, H)
+        visual = self.visual_projection(features) + region_pos + segment  # (B, N, H)
+
+        return self.dropout(self.norm(torch.cat([text, visual], dim=1)))
+
+
+class VisualBertAttention(nn.Module):
+    """Multi-head self-attention; SDPA by default, explicit softmax when the maps are wanted."""
+
+    def __init__(self, config: VisualBertConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_heads
+        self.head_dim = h // config.num_heads
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
+        self.out = nn.Linear(h, h)
+        self.dropout_p = config.attention_dropout
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (B, L, H)
+        keep: torch.Tensor,  # (B, 1, 1, L) bool, True = a real key
+        output_attentions: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        B, L, H = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, L, H) -> (B, heads, L, head_dim)
+            return t.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        p = self.dropout_p if self.training else 0.0
+        probs = None
+        if output_attentions:
+            # Same additive mask as the reference: the most negative float, not -inf, so a row
+            # without any real key stays finite.
+            bias = (~keep).to(x.dtype) * torch.finfo(x.dtype).min  # (B, 1, 1, L)
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias  # (B, heads, L, L)
+            probs = scores.softmax(dim=-1)
+            ctx = F.dropout(probs, p, self.training) @ v
+        else:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
+        ctx = ctx.transpose(1, 2).reshape(B, L, H)
+        return self.out(ctx), probs
+
+
+class VisualBertLayer(nn.Module):
+    """Post-norm BERT layer: x = LN(x + attn(x)); x = LN(x + W2 gelu(W1 x))."""
+
+    def __init__(self, config: VisualBertConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.attention = VisualBertAttention(config)
+        self.attention_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.ffn_in = nn.Linear(h, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, h)
+        self.ffn_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(
+        self, x: torch.Tensor, keep: torch.Tensor, output_attentions: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        a, probs = self.attention(x, keep, output_attentions)
+        x = self.attention_norm(x + self.dropout(a))
+        # Exact (erf) GELU, as BERT and the reference's "gelu".
+        f = self.ffn_out(F.gelu(self.ffn_in(x)))
+        x = self.ffn_norm(x + self.dropout(f))
+        return x, probs
+
+
+class VisualBertModel(nn.Module):
+    """VisualBERT: embeddings, `num_layers` joint layers over [text; regions], and a pooler."""
+
+    def __init__(self, config: VisualBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = VisualBertEmbeddings(config)
+        self.layers = nn.ModuleList(VisualBertLayer(config) for _ in range(config.num_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.apply(self._init_weights)
+        # The reference starts the visual segment and position tables as copies of the text ones.
+        with torch.no_grad():
+            self.embeddings.visual_token_type.weight.copy_(self.embeddings.token_type.weight)
+            self.embeddings.visual_position.weight.copy_(self.embeddings.position.weight)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=std)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        features: torch.Tensor,
+        boxes: torch.Tensor | None,
+        region_mask: torch.Tensor,
+        visual_token_type_ids: torch.Tensor | None = None,
+        region_word_alignment: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> VisualBertOutput:
+        """Encode a batch of (text, regions) pairs.
+
+        input_ids (B, T) long; attention_mask (B, T) {0, 1}; token_type_ids (B, T) long, or None
+        for all 0; features (B, N, D) float; boxes (B, N, 4): unused, VisualBERT has no geometry;
+        region_mask (B, N) {0, 1}, 1 = real region; visual_token_type_ids (B, N) long, or None for
+        all 1 (NLVR2 gives each image its own segment); region_word_alignment (B, N, A) long:
+        indices of the text positions aligned to each region, -1 padded, required exactly when
+        `config.word_aligned_regions`; output_attentions: also return per-layer attention maps.
+        """
+        del boxes  # geometry is not part of VisualBERT
+        B, T = input_ids.shape
+        N = features.shape[1]
+        if T > self.config.max_positions:
+            raise ValueError(f"text length {T} exceeds max_positions {self.config.max_positions}")
+        if self.config.word_aligned_regions != (region_word_alignment is not None):
+            raise ValueError(
+                "region_word_alignment is required exactly when config.word_aligned_regions is set "
+                f"(word_aligned_regions={self.config.word_aligned_regions})"
+            )
+        if region_word_alignment is not None and region_word_alignment.shape[:2] != (B, N):
+            raise ValueError(
+                f"region_word_alignment shape {tuple(region_word_alignment.shape)} "
+                f"does not start with (B, N) = {(B, N)}"
+            )
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if visual_token_type_ids is None:
+            visual_token_type_ids = torch.ones(B, N, dtype=torch.long, device=input_ids.device)
+
+        x = self.embeddings(
+            input_ids, token_type_ids, features, visual_token_type_ids, region_word_alignment
+        )  # (B, T + N, H)
+        # Keys only are masked: a padded query still gets a (discarded) state, a real one never
+        # sees padding, which is what makes outputs at real positions padding-invariant.
+        keep = torch.cat([attention_mask, region_mask], dim=1).bool()  # (B, T + N)
+        keep = keep[:, None, None, :]  # (B, 1, 1, T + N): broadcast over heads and queries
+
+        maps = []
+        for layer in self.layers:
+            x, probs = layer(x, keep, output_attentions)
+            maps.append(probs)
+
+        pooled = torch.tanh(self.pooler(x[:, 0]))  # (B, H)
+        return VisualBertOutput(
+            text_hidden=x[:, :T],
+            visual_hidden=x[:, T:],
+            pooled=pooled,
+            attentions=tuple(maps) if output_attentions else None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint interop with transformers.VisualBertModel (pure functions of state dicts).
+
+
+class CheckpointMismatch(ValueError):
+    """A state dict that does not match the model: every offending tensor is named."""
+
+
+HF_PREFIX = "visual_bert."  # the backbone inside VisualBertForPreTraining and the task models
+
+# Buffers some Hugging Face checkpoints persist (transformers < 4.31): an arange, no information.
+_HF_IGNORED = ("embeddings.position_ids",)
+
+_HF_EMBEDDINGS = {
+    "embeddings.word.weight": "embeddings.word_embeddings.weight",
+    "embeddings.position.weight": "embeddings.position_embeddings.weight",
+    "embeddings.token_type.weight": "embeddings.token_type_embeddings.weight",
+    "embeddings.visual_projection.weight": "embeddings.visual_projection.weight",
+    "embeddings.visual_projection.bias": "embeddings.visual_projection.bias",
+    "embeddings.visual_position.weight": "embeddings.visual_position_embeddings.weight",
+    "embeddings.visual_token_type.weight": "embeddings.visual_token_type_embeddings.weight",
+    "embeddings.norm.weight": "embeddings.LayerNorm.weight",
+    "embeddings.norm.bias": "embeddings.LayerNorm.bias",
+    "pooler.weight": "pooler.dense.weight",
+    "pooler.bias": "pooler.dense.bias",
+}
+
+_HF_LAYER = {  # ours under layers.{i}. -> theirs under encoder.layer.{i}.
+    "attention.query": "attention.self.query",
+    "attention.key": "attention.self.key",
+    "attention.value": "attention.self.value",
+    "attention.out": "attention.output.dense",
+    "attention_norm": "attention.output.LayerNorm",
+    "ffn_in": "intermediate.dense",
+    "ffn_out": "output.dense",
+    "ffn_norm": "output.LayerNorm",
+}
+
+
+def hf_names(config: VisualBertConfig) -> dict[str, str]:
+    """Our state_dict name -> the `transformers.VisualBertModel` name, for every tensor."""
+    table = dict(_HF_EMBEDDINGS)
+    for i in range(config.num_layers):
+        for ours, theirs in _HF_LAYER.items():
+            for p in ("weight", "bias"):
+                table[f"layers.{i}.{ours}.{p}"] = f"encoder.layer.{i}.{theirs}.{p}"
+    return table
+
+
+def expected_shapes(config: VisualBertConfig) -> dict[str, tuple[int, ...]]:
+    """Our state_dict name -> shape, written from the config (not read off a model)."""
+    h, i_ = config.hidden_size, config.intermediate_size
+    p, s = config.max_positions, config.type_vocab_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "embeddings.word.weight": (config.vocab_size, h),
+        "embeddings.position.weight": (p, h),
+        "embeddings.token_type.weight": (s, h),
+        "embeddings.visual_projection.weight": (h, config.visual_feat_dim),
+        "embeddings.visual_projection.bias": (h,),
+        "embeddings.visual_position.weight": (p, h),
+        "embeddings.visual_token_type.weight": (s, h),
+        "embeddings.norm.weight": (h,),
+        "embeddings.norm.bias": (h,),
+        "pooler.weight": (h, h),
+        "pooler.bias": (h,),
+    }
+    for n in range(config.num_layers):
+        layer = {
+            "attention.query": (h, h),
+            "attention.key": (h, h),
+            "attention.value": (h, h),
+            "attention.out": (h, h),
+            "attention_norm": (h,),
+            "ffn_in": (i_, h),
+            "ffn_out": (h, i_),
+            "ffn_norm": (h,),
+        }
+        for name, w in layer.items():
+            shapes[f"layers.{n}.{name}.weight"] = w
+            shapes[f"layers.{n}.{name}.bias"] = (w[0],)
+    return shapes
+
+
+def _check(
+    sd: Mapping[str, torch.Tensor], shapes: Mapping[str, tuple[int, ...]], what: str
+) -> None:
+    """Raise CheckpointMismatch listing missing, unexpected and mis-shaped tensors."""
+    lines = [f"missing: {k} (expected shape {list(s)})" for k, s in shapes.items() if k not in sd]
+    lines += [f"unexpected: {k} (shape {list(t.shape)})" for k, t in sd.items() if k not in shapes]
+    lines += [
+        f"mis-shaped: {k} (shape {list(t.shape)}, expected {list(shapes[k])})"
+        for k, t in sd.items()
+        if k in shapes and tuple(t.shape) != shapes[k]
+    ]
+    if lines:
+        head = f"{what} does not match the VisualBERT config:"
+        raise CheckpointMismatch("\n  ".join([head, *lines]))
+
+
+def hf_to_ours_state_dict(
+    sd: Mapping[str, torch.Tensor], config: VisualBertConfig, *, drop_heads: bool = False
+) -> dict[str, torch.Tensor]:
+    """A `transformers` VisualBERT state dict -> ours (same tensors, renamed).
+
+    Accepts a `VisualBertModel` state dict, or a task / pretraining model's whose backbone sits
+    under `visual_bert.`; the latter's heads (`cls.*`, `classifier.*`...) are errors unless
+    `drop_heads`, since they are not part of this model. Raises CheckpointMismatch naming every
+    missing, unexpected or mis-shaped tensor (names in the Hugging Face spelling).
+    """
+    prefixed = any(k.startswith(HF_PREFIX) for k in sd)
+    backbone: dict[str, torch.Tensor] = {}
+    for k, t in sd.items():
+        if prefixed:
+            if not k.startswith(HF_PREFIX):
+                if drop_heads:
+                    continue
+                backbone[k] = t  # reported as unexpected below, in its full name
+                continue
+            k = k[len(HF_PREFIX) :]
+        if k not in _HF_IGNORED:
+            backbone[k] = t
+
+    names = hf_names(config)
+    shapes = expected_shapes(config)
+    _check(backbone, {names[k]: s for k, s in shapes.items()}, "Hugging Face VisualBERT state dict")
+    return {ours: backbone[theirs] for ours, theirs in names.items()}
+
+
+def ours_to_hf_state_dict(
+    sd: Mapping[str, torch.Tensor], config: VisualBertConfig
+) -> dict[str, torch.Tensor]:
+    """Our state dict -> a `transformers.VisualBertModel` state dict (same tensors, renamed).
+
+    Raises CheckpointMismatch naming every missing, unexpected or mis-shaped tensor.
+    """
+    _check(sd, expected_shapes(config), "VisualBERT state dict")
+    return {theirs: sd[ours] for ours, theirs in hf_names(config).items()}
+
+
+def config_from_hf(hf: Mapping, **overrides) -> VisualBertConfig:
+    """Our config from a `transformers` VisualBertConfig as a dict (its config.json).
+
+    Refuses the variants this model does not implement (bypass_transformer, another activation).
+    `overrides` sets what Hugging Face does not record, e.g. word_aligned_regions=True.
+    """
+    if hf.get("bypass_transformer", False):
+        raise CheckpointMismatch("bypass_transformer=True is not implemented by VisualBertModel")
+    if hf.get("hidden_act", "gelu") != "gelu":
+        act = hf["hidden_act"]
+        raise CheckpointMismatch(f"hidden_act {act!r} is not supported (only erf 'gelu')")
+    fields = dict(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        max_positions=hf["max_position_embeddings"],
+        type_vocab_size=hf["type_vocab_size"],
+        visual_feat_dim=hf["visual_embedding_dim"],
+        layer_norm_eps=hf["layer_norm_eps"],
+        hidden_dropout=hf["hidden_dropout_prob"],
+        attention_dropout=hf["attention_probs_dropout_prob"],
+        initializer_range=hf.get("initializer_range", 0.02),
+    )
+    return dataclasses.replace(VisualBertConfig(**fields), **overrides)
+
+
+def config_to_hf(config: VisualBertConfig) -> dict:
+    """Keyword arguments for `transformers.VisualBertConfig` describing the same network."""
+    return dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        max_position_embeddings=config.max_positions,
+        type_vocab_size=config.type_vocab_size,
+        visual_embedding_dim=config.visual_feat_dim,
+        layer_norm_eps=config.layer_norm_eps,
+        hidden_dropout_prob=config.hidden_dropout,
+        attention_probs_dropout_prob=config.attention_dropout,
+        initializer_range=config.initializer_range,
+        hidden_act="gelu",
+        bypass_transformer=False,
+        pad_token_id=config.pad_token_id,
+    )
