@@ -1,0 +1,17 @@
+"""Cross-modal transformers over region features: LXMERT, VisualBERT, VL-BERT and ViLBERT.
+
+This package depends on torch only: it never imports `pipeline`, `extractor`, `shards` or Ray, so
+a model runs in a notebook or on a GPU box without the rest of the project.
+
+The contract every architecture follows (model/lxmert.py, visualbert.py, vlbert.py, vilbert.py):
+- a frozen config dataclass documenting each field, with `paper()` and `tiny()` constructors;
+- `forward(*, input_ids (B, T) long, attention_mask (B, T) {0, 1}, token_type_ids (B, T) or None,
+  features (B, N, D) float, boxes (B, N, 4) x1 y1 x2 y2 normalised to [0, 1] by the image size,
+  region_mask (B, N) {0, 1} with 1 for a real region, ...)` (keyword-only), returning a dataclass
+  with `text_hidden (B, T, H)`, `visual_hidden (B, N, Hv)` and `pooled (B, H)`;
+- attention through `scaled_dot_product_attention` with padding masks for text and regions:
+  padded tokens and padded regions never change the outputs at real positions;
+- state_dict key names are our public API; other checkpoint formats (official LXMERT, Hugging
+  Face) are mapped by explicit tables in model/checkpoints.py.
+Heads shared by the architectures live in model/heads.py.
+"""
