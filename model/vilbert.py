@@ -1,0 +1,376 @@
+"""ViLBERT (Lu et al., NeurIPS 2019): a text stream and a visual stream joined by co-attention.
+
+- Text stream: BERT (token + position + segment embeddings, LayerNorm, dropout; post-LN layers).
+- Visual stream: region embedding = LayerNorm(Linear(feature) + Linear(location)), dropout, where
+  location is 5-d: x1, y1, x2, y2 normalised to [0, 1] and the fraction of the image area
+  covered (paper §3.1, "Image Representations"). A GLOBAL IMAGE region is prepended ("a special
+  IMG token representing the entire image, i.e. mean-pooled visual features with a spatial
+  encoding corresponding to the entire image"): its feature is the mean of the real regions'
+  features (or the `image_feature` argument) and its location [0, 0, 1, 1, 1]. So the visual
+  stream has N + 1 positions: `visual_hidden` is (B, N + 1, Hv) with the global region at index 0,
+  and `visual_mask` (B, N + 1) is `region_mask` with a leading 1.
+- Co-attention layer (Co-TRM, paper Fig. 2b): each stream computes queries, keys and values from
+  its own states; text queries attend over the visual keys/values and visual queries over the
+  text keys/values (in bi_hidden_size with bi_num_heads heads); each stream then projects back to
+  its own width with a residual + LayerNorm, then runs its own FFN (text: intermediate_size,
+  visual: visual_intermediate_size), as `BertConnectionLayer` in the official code
+  (facebookresearch/vilbert-multi-task, vilbert/vilbert.py).
+- Schedule: co-attention layer k runs once text layers [0, text_coattn_layers[k]) and visual
+  layers [0, visual_coattn_layers[k]) have run, i.e. just before text layer text_coattn_layers[k]
+  and visual layer visual_coattn_layers[k] (the official `t_biattention_id` / `v_biattention_id`).
+  The paper's model: text (6..11) and visual (0..5): 6 text TRM, then 6 x (Co-TRM -> TRM) in
+  both streams (the text stream's last TRM after the 6th Co-TRM is its layer 11).
+- Pooling: h_CLS = act(Linear(text_hidden[:, 0])) and h_IMG = act(Linear(visual_hidden[:, 0])),
+  both of width bi_hidden_size so the alignment head can take h_IMG * h_CLS -> Linear. NOTE:
+  `pooled` is therefore (B, bi_hidden_size), not (B, H). The official code uses ReLU in both
+  poolers (`BertTextPooler`, `BertImagePooler`); the paper does not say: `pooler_activation`.
+
+state_dict keys (our public API):
+    text_embeddings.{token,position,segment}.weight, text_embeddings.norm.{weight,bias}
+    visual_embeddings.{feature,location}.{weight,bias}, visual_embeddings.norm.{weight,bias}
+    text_layers.{i}.{attn.{query,key,value,out},attn_norm,ffn_in,ffn_out,ffn_norm}.{weight,bias}
+    visual_layers.{i}.(same names)
+    coattn_layers.{k}.text.{query,key,value,out,attn_norm,ffn_in,ffn_out,ffn_norm}.{weight,bias}
+    coattn_layers.{k}.visual.(same names)     [query/key/value: own width -> bi_hidden_size]
+    text_pooler.{weight,bias}, visual_pooler.{weight,bias}
+The official checkpoint's unused `biOutput.q_dense{1,2}` have no counterpart here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class VilBertConfig:
+    """ViLBERT sizes. `paper()`: the paper's model (6 co-attention layers); `tiny()`: tests."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768  # text stream width
+    num_layers: int = 12  # text TRM layers
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    visual_feat_dim: int = 2048  # D: detector feature
+    visual_hidden_size: int = 1024  # Hv
+    visual_num_layers: int = 6  # visual TRM layers
+    visual_num_heads: int = 8
+    visual_intermediate_size: int = 1024
+    bi_hidden_size: int = 1024  # co-attention width, and the width of both pooled outputs
+    bi_num_heads: int = 8
+    # co-attention layer k sits just before text layer text_coattn_layers[k] and visual layer
+    # visual_coattn_layers[k] (an index equal to the layer count means after the last layer)
+    text_coattn_layers: tuple[int, ...] = (6, 7, 8, 9, 10, 11)
+    visual_coattn_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
+    pooler_activation: str = "relu"  # official code: ReLU; "tanh" as BERT
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name, width, heads in (
+            ("hidden_size", self.hidden_size, self.num_heads),
+            ("visual_hidden_size", self.visual_hidden_size, self.visual_num_heads),
+            ("bi_hidden_size", self.bi_hidden_size, self.bi_num_heads),
+        ):
+            if width % heads:
+                raise ValueError(f"{name} {width} not divisible by {heads} heads")
+        t, v = tuple(self.text_coattn_layers), tuple(self.visual_coattn_layers)
+        if len(t) != len(v):
+            raise ValueError(f"text_coattn_layers {t} and visual_coattn_layers {v} must pair up")
+        for name, ids, count in (("text_coattn_layers", t, self.num_layers),
+                                 ("visual_coattn_layers", v, self.visual_num_layers)):
+            if any(i < 0 or i > count for i in ids) or list(ids) != sorted(ids):
+                raise ValueError(
+                    f"{name} {ids} must be non-decreasing layer indices in [0, {count}]")
+        if self.pooler_activation not in ("relu", "tanh"):
+            raise ValueError(f"pooler_activation {self.pooler_activation!r}: use 'relu' or 'tanh'")
+        object.__setattr__(self, "text_coattn_layers", t)  # lists from YAML become tuples
+        object.__setattr__(self, "visual_coattn_layers", v)
+
+    @classmethod
+    def paper(cls) -> VilBertConfig:
+        """BERT-base text stream; visual stream 1024 / 8 heads / 6 layers; 6 co-attention layers."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> VilBertConfig:
+        """Three different widths so that a text/visual/bi mix-up fails loudly."""
+        return cls(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                   max_position_embeddings=64, visual_hidden_size=24, visual_num_layers=1,
+                   visual_num_heads=2, visual_intermediate_size=48, bi_hidden_size=16,
+                   bi_num_heads=2, text_coattn_layers=(1,), visual_coattn_layers=(0,))
+
+
+@dataclass
+class VilBertAttentions:
+    """Attention weights per layer, in the order each kind of layer runs."""
+
+    text: tuple[torch.Tensor, ...]  # (B, heads, T, T) per text layer
+    visual: tuple[torch.Tensor, ...]  # (B, v_heads, N + 1, N + 1) per visual layer
+    text_to_visual: tuple[torch.Tensor, ...]  # (B, bi_heads, T, N + 1) per co-attention layer
+    visual_to_text: tuple[torch.Tensor, ...]  # (B, bi_heads, N + 1, T) per co-attention layer
+
+
+@dataclass
+class VilBertOutput:
+    text_hidden: torch.Tensor  # (B, T, H)
+    visual_hidden: torch.Tensor  # (B, N + 1, Hv): index 0 is the global image region
+    visual_mask: torch.Tensor  # (B, N + 1) bool: region_mask with a leading True
+    pooled: torch.Tensor  # (B, bi_hidden): h_CLS
+    pooled_visual: torch.Tensor  # (B, bi_hidden): h_IMG
+    attentions: VilBertAttentions | None = None
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
+    num_heads: int, dropout: float, need_weights: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Multi-head attention of q (B, Lq, W) over k, v (B, Lk, W), key_mask (B, Lk) bool.
+
+    Returns (B, Lq, W) and, if asked, the weights (B, heads, Lq, Lk).
+    """
+    B, Lq, W = q.shape
+    q = q.view(B, Lq, num_heads, -1).transpose(1, 2)
+    k = k.view(B, k.shape[1], num_heads, -1).transpose(1, 2)
+    v = v.view(B, v.shape[1], num_heads, -1).transpose(1, 2)
+    mask = key_mask[:, None, None, :]
+    weights = None
+    if need_weights:  # SDPA cannot return the weights; same maths, written out
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        weights = scores.masked_fill(~mask, torch.finfo(scores.dtype).min).softmax(-1)
+        context = F.dropout(weights, dropout) @ v
+    else:
+        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+    return context.transpose(1, 2).reshape(B, Lq, W), weights
+
+
+class VilBertSelfAttention(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.query = nn.Linear(width, width)
+        self.key = nn.Linear(width, width)
+        self.value = nn.Linear(width, width)
+        self.out = nn.Linear(width, width)
+
+
+class VilBertLayer(nn.Module):
+    """A post-LayerNorm BERT layer (TRM) of either stream."""
+
+    def __init__(self, width: int, heads: int, intermediate: int, cfg: VilBertConfig) -> None:
+        super().__init__()
+        self.num_heads = heads
+        self.attention_dropout = cfg.attention_dropout
+        self.attn = VilBertSelfAttention(width)
+        self.attn_norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(width, intermediate)
+        self.ffn_out = nn.Linear(intermediate, width)
+        self.ffn_norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, L, W), mask (B, L) bool -> (B, L, W), weights (B, heads, L, L) or None."""
+        a = self.attn
+        context, weights = attend(a.query(x), a.key(x), a.value(x), mask, self.num_heads,
+                                  self.attention_dropout if self.training else 0.0, need_weights)
+        x = self.attn_norm(x + self.dropout(a.out(context)))
+        x = self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+        return x, weights
+
+
+class VilBertCoAttentionStream(nn.Module):
+    """One stream's half of a Co-TRM: projections of its own states, output, FFN."""
+
+    def __init__(self, width: int, intermediate: int, cfg: VilBertConfig) -> None:
+        super().__init__()
+        bi = cfg.bi_hidden_size
+        self.query = nn.Linear(width, bi)  # this stream's queries ...
+        self.key = nn.Linear(width, bi)  # ... and the keys/values the OTHER stream attends over
+        self.value = nn.Linear(width, bi)
+        self.out = nn.Linear(bi, width)
+        self.attn_norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(width, intermediate)
+        self.ffn_out = nn.Linear(intermediate, width)
+        self.ffn_norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def finish(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        """Residual + LayerNorm around the cross-attended context (B, L, bi), then the FFN."""
+        x = self.attn_norm(x + self.dropout(self.out(context)))
+        return self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+
+
+class VilBertCoAttentionLayer(nn.Module):
+    """Co-TRM: text queries over visual keys/values and visual queries over text keys/values."""
+
+    def __init__(self, cfg: VilBertConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.bi_num_heads
+        self.attention_dropout = cfg.attention_dropout
+        self.text = VilBertCoAttentionStream(cfg.hidden_size, cfg.intermediate_size, cfg)
+        self.visual = VilBertCoAttentionStream(
+            cfg.visual_hidden_size, cfg.visual_intermediate_size, cfg)
+
+    def forward(
+        self, t: torch.Tensor, t_mask: torch.Tensor, v: torch.Tensor, v_mask: torch.Tensor,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """t (B, T, H), v (B, M, Hv), masks bool -> new t, new v, weights t->v, v->t (or None)."""
+        dropout = self.attention_dropout if self.training else 0.0
+        # both directions read the states from before this layer (the official BertBiAttention)
+        t_ctx, t_weights = attend(self.text.query(t), self.visual.key(v), self.visual.value(v),
+                                  v_mask, self.num_heads, dropout, need_weights)  # (B, T, bi)
+        v_ctx, v_weights = attend(self.visual.query(v), self.text.key(t), self.text.value(t),
+                                  t_mask, self.num_heads, dropout, need_weights)  # (B, M, bi)
+        return self.text.finish(t, t_ctx), self.visual.finish(v, v_ctx), t_weights, v_weights
+
+
+class VilBertTextEmbeddings(nn.Module):
+    def __init__(self, cfg: VilBertConfig) -> None:
+        super().__init__()
+        self.token = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.segment = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.token(input_ids) + self.position(positions) + self.segment(token_type_ids)
+        return self.dropout(self.norm(x))  # (B, T, H)
+
+
+class VilBertVisualEmbeddings(nn.Module):
+    def __init__(self, cfg: VilBertConfig) -> None:
+        super().__init__()
+        self.feature = nn.Linear(cfg.visual_feat_dim, cfg.visual_hidden_size)
+        self.location = nn.Linear(5, cfg.visual_hidden_size)
+        self.norm = nn.LayerNorm(cfg.visual_hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, features: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
+        """features (B, M, D), locations (B, M, 5) -> (B, M, Hv)."""
+        return self.dropout(self.norm(self.feature(features) + self.location(locations)))
+
+
+def with_global_region(
+    features: torch.Tensor, boxes: torch.Tensor, region_mask: torch.Tensor,
+    image_feature: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Prepend the whole-image region and build 5-d locations.
+
+    features (B, N, D), boxes (B, N, 4) normalised x1 y1 x2 y2, region_mask (B, N) bool,
+    image_feature (B, D) or None (then the mean of the real regions' features) ->
+    features (B, N + 1, D), locations (B, N + 1, 5) = x1 y1 x2 y2 area, mask (B, N + 1) bool.
+    Padded slots are zeroed, so whatever they held (even NaN) cannot reach real outputs.
+    """
+    B = features.shape[0]
+    features = torch.where(region_mask[..., None], features, 0)
+    boxes = torch.where(region_mask[..., None], boxes, 0)
+    if image_feature is None:
+        count = region_mask.sum(1, keepdim=True).clamp(min=1).to(features.dtype)
+        image_feature = features.sum(1) / count
+    area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
+    locations = torch.cat([boxes, area[..., None]], -1)  # (B, N, 5)
+    whole = locations.new_tensor([0.0, 0.0, 1.0, 1.0, 1.0]).expand(B, 1, 5)
+    return (
+        torch.cat([image_feature[:, None].to(features.dtype), features], 1),
+        torch.cat([whole, locations], 1),
+        torch.cat([region_mask.new_ones(B, 1), region_mask], 1),
+    )
+
+
+class VilBertModel(nn.Module):
+    def __init__(self, config: VilBertConfig) -> None:
+        super().__init__()
+        c = self.config = config
+        self.text_embeddings = VilBertTextEmbeddings(c)
+        self.visual_embeddings = VilBertVisualEmbeddings(c)
+        self.text_layers = nn.ModuleList(
+            VilBertLayer(c.hidden_size, c.num_heads, c.intermediate_size, c)
+            for _ in range(c.num_layers))
+        self.visual_layers = nn.ModuleList(
+            VilBertLayer(c.visual_hidden_size, c.visual_num_heads, c.visual_intermediate_size, c)
+            for _ in range(c.visual_num_layers))
+        self.coattn_layers = nn.ModuleList(VilBertCoAttentionLayer(c) for _ in c.text_coattn_layers)
+        self.text_pooler = nn.Linear(c.hidden_size, c.bi_hidden_size)
+        self.visual_pooler = nn.Linear(c.visual_hidden_size, c.bi_hidden_size)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's initialisation (the official code applies it to every module)."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
+        if isinstance(module, nn.Linear):
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        features: torch.Tensor,
+        boxes: torch.Tensor,
+        region_mask: torch.Tensor,
+        image_feature: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> VilBertOutput:
+        """Encode text and regions in two streams joined by co-attention.
+
+        input_ids (B, T) long, attention_mask (B, T) {0, 1}, token_type_ids (B, T) or None,
+        features (B, N, D) float, boxes (B, N, 4) x1 y1 x2 y2 normalised to [0, 1], region_mask
+        (B, N) {0, 1}; image_feature (B, D) overrides the global region's feature (default: the
+        mean of the real regions). Visual outputs have N + 1 positions (global region first).
+        """
+        c = self.config
+        t_mask = attention_mask.bool()
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        feats, locations, v_mask = with_global_region(
+            features, boxes, region_mask.bool(), image_feature)
+        t = self.text_embeddings(input_ids, token_type_ids)  # (B, T, H)
+        v = self.visual_embeddings(feats, locations.to(feats.dtype))  # (B, N + 1, Hv)
+
+        weights: dict[str, list[torch.Tensor | None]] = {k: [] for k in ("t", "v", "tv", "vt")}
+        t_done = v_done = 0
+        # run each stream up to the next co-attention layer; a final step runs the rest
+        steps = [*zip(c.text_coattn_layers, c.visual_coattn_layers, self.coattn_layers),
+                 (c.num_layers, c.visual_num_layers, None)]
+        for t_at, v_at, coattn in steps:
+            for layer in self.text_layers[t_done:t_at]:
+                t, w = layer(t, t_mask, output_attentions)
+                weights["t"].append(w)
+            for layer in self.visual_layers[v_done:v_at]:
+                v, w = layer(v, v_mask, output_attentions)
+                weights["v"].append(w)
+            t_done, v_done = t_at, v_at
+            if coattn is not None:
+                t, v, w_tv, w_vt = coattn(t, t_mask, v, v_mask, output_attentions)
+                weights["tv"].append(w_tv)
+                weights["vt"].append(w_vt)
+
+        act = torch.relu if c.pooler_activation == "relu" else torch.tanh
+        attentions = None
+        if output_attentions:
+            attentions = VilBertAttentions(*(tuple(weights[k]) for k in ("t", "v", "tv", "vt")))
+        return VilBertOutput(
+            text_hidden=t,
+            visual_hidden=v,
+            visual_mask=v_mask,
+            pooled=act(self.text_pooler(t[:, 0])),
+            pooled_visual=act(self.visual_pooler(v[:, 0])),
+            attentions=attentions,
+        )

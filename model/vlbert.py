@@ -1,0 +1,326 @@
+"""VL-BERT (Su et al., ICLR 2020): one BERT stack over `[CLS] text [SEP] regions [END]`.
+
+Every input element is the sum of four embeddings (paper §3.2): token + visual feature + segment +
+sequence position, then LayerNorm and dropout as in BERT.
+- token: WordPiece ids for the text; the learned `[IMG]` token for every region; `[END]` last.
+  `[IMG]` and `[END]` are rows of the word-embedding table (`img_token_id`, `end_token_id`; the
+  paper-size config uses BERT's `[unused0]` / `[unused1]` slots so a BERT-base table loads as is).
+- visual feature: `Linear([appearance (D); geometry (G)]) -> H`. A region uses its own feature and
+  box; every non-visual element (text, `[CLS]`, `[SEP]`, `[END]`) uses the whole image: the
+  `image_feature` argument, by default the mean of the real regions' features, with box [0,0,1,1].
+- segment: A = 0 (first sentence), B = 1 (second sentence) from `token_type_ids`; C = 2 for the
+  regions and `[END]`.
+- position: text token i has position i; all regions share ONE position, the slot right after
+  the last real text token (`[SEP]`), since regions have no order (paper: "any permutation of
+  them should achieve the same result"); `[END]` takes the slot after that.
+
+Choices the paper leaves open, and what we did:
+- Geometry embedding (paper: "following Relation Networks ... sine and cosine functions of
+  different wavelengths", 2048-d). As in the official code (`common/utils/bbox.py`): each of the
+  4 coordinates, times 100, is divided by wavelengths 1000^(k / (G/8)), k = 0..G/8-1, giving G/8
+  sines then G/8 cosines per coordinate; the 4 blocks are concatenated (coordinate-major).
+  The paper's 4-d vector is the normalised corners (x1, y1, x2, y2), our default; the official
+  code embeds (cx, cy, w, h) instead: `geometry_box_format="cxcywh"`.
+- Our visual feature embedding is ONE Linear shared by regions and non-visual elements. The
+  official code has Linear(4096 -> 2048) + ReLU inside its Fast R-CNN (with [geometry;
+  appearance] in that order) and then separate 2048 -> 768 projections for text and objects.
+- A masked RoI (masked RoI classification) has its appearance feature replaced by the learned
+  `masked_feature` while its geometry is kept, as in the official code (`mask_visual_embed`);
+  the default whole-image feature averages only unmasked regions, our stand-in for the paper's
+  zeroing of the masked RoI's pixels, which precomputed features cannot do.
+- `[END]` is a non-visual element, so it gets the whole-image visual embedding (the official
+  code gives it none; the paper attaches a visual feature embedding to every element).
+
+Layout inside the model: `[text (T); regions (N); END (1)]`, S = T + N + 1 positions, with the
+padding of text and regions masked out of every attention. Positions are explicit, so padding
+never shifts them and padded tokens or regions never change real outputs.
+
+state_dict keys (our public API):
+    embeddings.token.weight (V, H)          embeddings.position.weight (P, H)
+    embeddings.segment.weight (3, H)        embeddings.visual.{weight (H, D + G), bias}
+    embeddings.masked_feature (D,)          embeddings.norm.{weight, bias}
+    layers.{i}.attn.{query,key,value,out}.{weight,bias}   layers.{i}.attn_norm.{weight,bias}
+    layers.{i}.ffn_in.{weight,bias}  layers.{i}.ffn_out.{weight,bias}  layers.{i}.ffn_norm.*
+    pooler.{weight, bias}                   (dense + tanh over [CLS], as BERT)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class VlBertConfig:
+    """VL-BERT sizes and special ids. `paper()` is VL-BERT-base; `tiny()` is for tests."""
+
+    vocab_size: int = 30522  # WordPiece table, including the [IMG] and [END] rows
+    hidden_size: int = 768  # H
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072  # FFN width
+    max_position_embeddings: int = 512  # needs T + 2 (regions and [END] after the text)
+    num_segments: int = 3  # A, B (text) and C (regions, [END])
+    region_segment_id: int = 2  # C
+    img_token_id: int = 1  # [IMG]: BERT's [unused0]
+    end_token_id: int = 2  # [END]: BERT's [unused1]
+    visual_feat_dim: int = 2048  # D: detector appearance feature
+    geometry_dim: int = 2048  # G: sinusoidal box embedding (paper: 2048-d); multiple of 8
+    geometry_box_format: str = "xyxy"  # "xyxy" (paper text) or "cxcywh" (official code)
+    geometry_wavelength: float = 1000.0
+    geometry_scale: float = 100.0  # normalised coordinates are multiplied by this first
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} not divisible by {self.num_heads} heads")
+        if self.geometry_dim % 8:
+            raise ValueError(
+                f"geometry_dim {self.geometry_dim} must be a multiple of 8 (4 coords x sin/cos)")
+        if self.geometry_box_format not in ("xyxy", "cxcywh"):
+            raise ValueError(
+                f"geometry_box_format {self.geometry_box_format!r}: use 'xyxy' or 'cxcywh'")
+        if not 0 <= self.region_segment_id < self.num_segments:
+            raise ValueError(f"region_segment_id {self.region_segment_id} outside "
+                             f"{self.num_segments} segments")
+
+    @classmethod
+    def paper(cls) -> VlBertConfig:
+        """VL-BERT-base: BERT-base sizes, 2048-d appearance and 2048-d geometry embedding."""
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> VlBertConfig:
+        return cls(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                   max_position_embeddings=64, geometry_dim=32)
+
+
+@dataclass
+class VlBertOutput:
+    text_hidden: torch.Tensor  # (B, T, H)
+    visual_hidden: torch.Tensor  # (B, N, H): at the region positions
+    pooled: torch.Tensor  # (B, H): tanh(dense(h_[CLS]))
+    end_hidden: torch.Tensor  # (B, H): at [END]
+    # per layer (B, heads, S, S) over [text (T); regions (N); END], S = T + N + 1; when asked
+    attentions: tuple[torch.Tensor, ...] | None = None
+
+
+def box_geometry_embedding(
+    boxes: torch.Tensor, dim: int, box_format: str = "xyxy",
+    wavelength: float = 1000.0, scale: float = 100.0,
+) -> torch.Tensor:
+    """Sinusoidal embedding of normalised boxes: (..., 4) x1 y1 x2 y2 in [0, 1] -> (..., dim) fp32.
+
+    Per coordinate c (after the optional (cx, cy, w, h) conversion), with n = dim / 8:
+    [sin(100 c / 1000^(k/n)) for k < n] + [cos(...) for k < n]; the 4 blocks are concatenated.
+    """
+    boxes = boxes.float()
+    if box_format == "cxcywh":
+        x1, y1, x2, y2 = boxes.unbind(-1)
+        boxes = torch.stack([(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1], -1)
+    n = dim // 8
+    inv_wavelengths = wavelength ** (-torch.arange(n, device=boxes.device, dtype=torch.float32) / n)
+    angles = (boxes * scale)[..., None] * inv_wavelengths  # (..., 4, n)
+    return torch.cat([angles.sin(), angles.cos()], -1).flatten(-2)  # (..., 4 * 2n)
+
+
+def masked_mean(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over the regions where mask is true: (B, N, D), (B, N) bool -> (B, D); zeros if none."""
+    total = torch.where(mask[..., None], features, 0).sum(1)
+    return total / mask.sum(1, keepdim=True).clamp(min=1).to(features.dtype)
+
+
+class VlBertSelfAttention(nn.Module):
+    def __init__(self, cfg: VlBertConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.dropout = cfg.attention_dropout
+        self.query = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(
+        self, x: torch.Tensor, key_mask: torch.Tensor, need_weights: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x (B, S, H), key_mask (B, 1, 1, S) bool -> (B, S, H), weights (B, heads, S, S) | None."""
+        B, S, H = x.shape
+
+        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, S, H) -> (B, heads, S, H / heads)
+            return t.view(B, S, self.num_heads, -1).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        dropout = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:  # SDPA cannot return the weights; same maths, written out
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            weights = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min).softmax(-1)
+            context = F.dropout(weights, dropout, self.training) @ v
+        else:
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout)
+        return self.out(context.transpose(1, 2).reshape(B, S, H)), weights
+
+
+class VlBertLayer(nn.Module):
+    """A post-LayerNorm BERT layer (paper eqs. 1-4)."""
+
+    def __init__(self, cfg: VlBertConfig) -> None:
+        super().__init__()
+        self.attn = VlBertSelfAttention(cfg)
+        self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(
+        self, x: torch.Tensor, key_mask: torch.Tensor, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        attended, weights = self.attn(x, key_mask, need_weights)
+        x = self.attn_norm(x + self.dropout(attended))
+        x = self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
+        return x, weights
+
+
+class VlBertEmbeddings(nn.Module):
+    """Builds the (B, S, H) input of `[text; regions; END]`: token + visual + segment + position."""
+
+    def __init__(self, cfg: VlBertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.token = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.segment = nn.Embedding(cfg.num_segments, cfg.hidden_size)
+        self.visual = nn.Linear(cfg.visual_feat_dim + cfg.geometry_dim, cfg.hidden_size)
+        self.masked_feature = nn.Parameter(torch.zeros(cfg.visual_feat_dim))
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def visual_feature_embedding(
+        self, appearance: torch.Tensor, boxes: torch.Tensor
+    ) -> torch.Tensor:
+        """appearance (B, M, D), boxes (B, M, 4) normalised x1 y1 x2 y2 -> (B, M, H)."""
+        c = self.cfg
+        geometry = box_geometry_embedding(boxes, c.geometry_dim, c.geometry_box_format,
+                                          c.geometry_wavelength, c.geometry_scale)
+        return self.visual(torch.cat([appearance, geometry.to(appearance.dtype)], -1))
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, text_mask: torch.Tensor,
+        features: torch.Tensor, boxes: torch.Tensor, region_mask: torch.Tensor,
+        image_feature: torch.Tensor | None, masked_regions: torch.Tensor | None,
+    ) -> torch.Tensor:
+        c = self.cfg
+        B, T = input_ids.shape
+        N = features.shape[1]
+        # padded slots may hold anything (even NaN); zero them so they cannot leak through 0 * NaN
+        features = torch.where(region_mask[..., None], features, 0)
+        boxes = torch.where(region_mask[..., None], boxes, 0)
+        visible = region_mask
+        if masked_regions is not None:
+            masked = self.masked_feature.to(features.dtype)
+            features = torch.where(masked_regions[..., None], masked, features)
+            visible = region_mask & ~masked_regions
+        if image_feature is None:
+            image_feature = masked_mean(features, visible)  # (B, D)
+        whole_box = boxes.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(B, 1, 4)
+        image_feature = image_feature[:, None].to(features.dtype)  # (B, 1, D)
+        image_visual = self.visual_feature_embedding(image_feature, whole_box)  # (B, 1, H)
+        region_visual = self.visual_feature_embedding(features, boxes)  # (B, N, H)
+        # (B, S, H): the whole image for the text and [END], each region its own
+        visual = torch.cat([image_visual.expand(B, T, -1), region_visual, image_visual], 1)
+
+        special = input_ids.new_full((B, N + 1), c.img_token_id)
+        special[:, N] = c.end_token_id
+        tokens = torch.cat([input_ids, special], 1)  # (B, S)
+        region_segments = input_ids.new_full((B, N + 1), c.region_segment_id)
+        segments = torch.cat([token_type_ids, region_segments], 1)
+        # one past the last real text token: the slot after [SEP], whatever padding follows
+        counts = torch.arange(1, T + 1, device=input_ids.device)
+        text_end = (counts * text_mask).amax(1, keepdim=True)  # (B, 1)
+        positions = torch.cat([
+            torch.arange(T, device=input_ids.device).expand(B, T),
+            text_end.expand(B, N),
+            text_end + 1,
+        ], 1)  # (B, S)
+        x = self.token(tokens) + visual + self.segment(segments) + self.position(positions)
+        return self.dropout(self.norm(x))
+
+
+class VlBertModel(nn.Module):
+    def __init__(self, config: VlBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = VlBertEmbeddings(config)
+        self.layers = nn.ModuleList(VlBertLayer(config) for _ in range(config.num_layers))
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.apply(self._init_weights)
+        nn.init.normal_(self.embeddings.masked_feature, std=config.initializer_range)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """BERT's initialisation; the paper draws the new visual parameters from N(0, 0.02) too."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
+        if isinstance(module, nn.Linear):
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        features: torch.Tensor,
+        boxes: torch.Tensor,
+        region_mask: torch.Tensor,
+        image_feature: torch.Tensor | None = None,
+        masked_regions: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> VlBertOutput:
+        """Encode text and regions in one stack.
+
+        input_ids (B, T) long `[CLS] ... [SEP]` (padding after), attention_mask (B, T) {0, 1},
+        token_type_ids (B, T) 0 = A / 1 = B or None (all A), features (B, N, D) float, boxes
+        (B, N, 4) x1 y1 x2 y2 normalised to [0, 1], region_mask (B, N) {0, 1};
+        image_feature (B, D): the whole-image appearance for the non-visual elements (default:
+        mean of the real, unmasked regions); masked_regions (B, N) bool: regions whose appearance
+        is replaced by the learned masked feature (masked RoI classification).
+        """
+        B, T = input_ids.shape
+        N = features.shape[1]
+        if T + 2 > self.config.max_position_embeddings:
+            raise ValueError(f"{T} text tokens + regions + [END] need {T + 2} positions; "
+                             f"max_position_embeddings is {self.config.max_position_embeddings}")
+        text_mask = attention_mask.bool()
+        region_mask = region_mask.bool()
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if masked_regions is not None:
+            masked_regions = masked_regions.bool()
+
+        x = self.embeddings(input_ids, token_type_ids, text_mask, features, boxes, region_mask,
+                            image_feature, masked_regions)  # (B, S, H)
+        key_mask = torch.cat([text_mask, region_mask, text_mask.new_ones(B, 1)], 1)
+        key_mask = key_mask[:, None, None, :]  # (B, 1, 1, S)
+        attentions = []
+        for layer in self.layers:
+            x, weights = layer(x, key_mask, output_attentions)
+            attentions.append(weights)
+        return VlBertOutput(
+            text_hidden=x[:, :T],
+            visual_hidden=x[:, T:T + N],
+            pooled=torch.tanh(self.pooler(x[:, 0])),
+            end_hidden=x[:, T + N],
+            attentions=tuple(attentions) if output_attentions else None,
+        )
