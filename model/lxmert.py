@@ -1,0 +1,725 @@
+"""LXMERT (Tan & Bansal, 2019): a language encoder, an object-relationship encoder over regions, and
+cross-modality layers joining them; the pretraining heads; Hugging Face weight names both ways.
+
+Everything follows the official code (and the Hugging Face port of it, which our parity test runs
+against): post-LayerNorm BERT layers, exact GELU, LayerNorm eps 1e-12, dropout after each
+projection and on attention probabilities, one cross-attention module used in both directions,
+the pooler on the language stream's [CLS]. Shapes: B batch, T tokens, R regions, H hidden size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.heads import (
+    AnswerHead,
+    MaskedLMHead,
+    MatchingHead,
+    VisualObjHead,
+    init_bert_weights,
+)
+
+
+@dataclass(frozen=True)
+class LxmertConfig:
+    """LXMERT's architecture; the defaults are the paper's (REFERENCE §3).
+
+    language_layers / object_layers / cross_layers: layers of the language encoder, the
+        object-relationship encoder (self-attention over regions) and the cross-modality encoder.
+    visual_feat_dim: size of a region feature (2048 for the BUTD detector).
+    visual_pos_dim: size of a region position: 4, the box x1, y1, x2, y2 divided by image width and
+        height.
+    num_objects / num_attributes: classes of the masked-object head (the detector's 1600 objects and
+        400 attributes); None leaves that decoder out. predict_features: the feature-regression
+        decoder. num_answers: the pretraining QA head (9500 joint answers), None for none.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    language_layers: int = 9
+    object_layers: int = 5
+    cross_layers: int = 5
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    visual_feat_dim: int = 2048
+    visual_pos_dim: int = 4
+    layer_norm_eps: float = 1e-12
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    initializer_range: float = 0.02
+    num_objects: int | None = 1600
+    num_attributes: int | None = 400
+    predict_features: bool = True
+    num_answers: int | None = 9500
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_heads {self.num_heads}"
+            )
+        for name in ("language_layers", "object_layers", "cross_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @classmethod
+    def paper(cls) -> LxmertConfig:
+        return cls()
+
+    @classmethod
+    def tiny(cls) -> LxmertConfig:
+        """For tests: hidden 32, layers 2 / 1 / 1, small vocabularies."""
+        return cls(
+            vocab_size=64,
+            hidden_size=32,
+            num_heads=4,
+            intermediate_size=64,
+            language_layers=2,
+            object_layers=1,
+            cross_layers=1,
+            max_position_embeddings=40,
+            visual_feat_dim=16,
+            num_objects=11,
+            num_attributes=7,
+            num_answers=5,
+        )
+
+
+# --- blocks ---------------------------------------------------------------------------------------
+
+
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Key padding mask (B, L), true / 1 = attend, -> additive (B, 1, 1, L): 0 or dtype's minimum.
+
+    Additive rather than boolean so that a row with no key to attend to is uniform, not NaN; the
+    same values the official code adds to its scores.
+    """
+    if mask is None:
+        return None
+    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return out.masked_fill(~mask.bool(), torch.finfo(dtype).min)[:, None, None, :]
+
+
+class LxmertAttention(nn.Module):
+    """Multi-head attention sub-layer with BERT's output: LayerNorm(x + dropout(out(attention))).
+
+    x (B, Lq, H) attends to context (B, Lk, H) under mask (B, 1, 1, Lk) additive; returns the new x
+    (B, Lq, H) and, when asked, the attention probabilities (B, heads, Lq, Lk).
+    """
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_heads
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
+        self.out = nn.Linear(h, h)
+        self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.attention_dropout = config.attention_dropout
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, H) -> (B, heads, L, H / heads)
+        return x.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor,
+        mask: torch.Tensor | None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        q, k, v = (
+            self._split(self.query(x)),
+            self._split(self.key(context)),
+            self._split(self.value(context)),
+        )
+        dropout_p = self.attention_dropout if self.training else 0.0
+        probs = None
+        if need_weights:  # the explicit path, for analyses that read the attention maps
+            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            if mask is not None:
+                scores = scores + mask
+            probs = scores.softmax(dim=-1)
+            attended = F.dropout(probs, dropout_p, self.training) @ v
+        else:
+            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        attended = attended.transpose(1, 2).flatten(2)  # (B, Lq, H)
+        return self.norm(x + self.dropout(self.out(attended))), probs
+
+
+class LxmertFeedForward(nn.Module):
+    """BERT's feed-forward sub-layer: LayerNorm(x + dropout(down(GELU(up(x))))). (B, L, H) -> same."""
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.dropout(self.down(F.gelu(self.up(x)))))
+
+
+class LxmertLayer(nn.Module):
+    """A BERT layer (self-attention, feed-forward): the language and object-relationship encoders."""
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        self.attn = LxmertAttention(config)
+        self.ffn = LxmertFeedForward(config)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x, probs = self.attn(x, x, mask, need_weights)
+        return self.ffn(x), probs
+
+
+class LxmertCrossLayer(nn.Module):
+    """A cross-modality layer: cross-attention, then self-attention, then feed-forward, per stream.
+
+    One cross-attention module (`cross_attn`) serves both directions (language -> vision and vision
+    -> language), as in the official code; both directions read the layer's inputs. The self-attention
+    and feed-forward sub-layers are separate per stream.
+    """
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        self.cross_attn = LxmertAttention(config)
+        self.lang_self_attn = LxmertAttention(config)
+        self.visn_self_attn = LxmertAttention(config)
+        self.lang_ffn = LxmertFeedForward(config)
+        self.visn_ffn = LxmertFeedForward(config)
+
+    def forward(
+        self,
+        lang: torch.Tensor,
+        lang_mask: torch.Tensor | None,
+        visn: torch.Tensor,
+        visn_mask: torch.Tensor | None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """lang (B, T, H), visn (B, R, H), additive masks -> new lang, new visn, and when asked the
+        cross-attention maps text -> regions (B, heads, T, R) and regions -> text (B, heads, R, T)."""
+        lang_x, lang_to_visn = self.cross_attn(lang, visn, visn_mask, need_weights)
+        visn_x, visn_to_lang = self.cross_attn(visn, lang, lang_mask, need_weights)
+        lang_x, _ = self.lang_self_attn(lang_x, lang_x, lang_mask)
+        visn_x, _ = self.visn_self_attn(visn_x, visn_x, visn_mask)
+        return self.lang_ffn(lang_x), self.visn_ffn(visn_x), lang_to_visn, visn_to_lang
+
+
+class LxmertEmbeddings(nn.Module):
+    """BERT embeddings: word + position + token type, LayerNorm, dropout. ids (B, T) -> (B, T, H).
+
+    All three tables have padding_idx 0, as in the official code: row 0 of each (the [PAD] word, the
+    first position, token type 0) receives no gradient from the lookup.
+    """
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, h, padding_idx=0)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, h, padding_idx=0)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, h, padding_idx=0)
+        self.norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        num_tokens = input_ids.shape[1]
+        if num_tokens > self.position_embeddings.num_embeddings:
+            raise ValueError(
+                f"{num_tokens} tokens, more than {self.position_embeddings.num_embeddings} positions"
+            )
+        positions = torch.arange(num_tokens, device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)[None]
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class LxmertVisualEncoder(nn.Module):
+    """Region input (REFERENCE §3): (LN(W_f f + b) + LN(W_p p + b)) / 2, then dropout.
+
+    features (B, R, visual_feat_dim), boxes (B, R, visual_pos_dim) -> (B, R, H).
+    """
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        h = config.hidden_size
+        self.feat_proj = nn.Linear(config.visual_feat_dim, h)
+        self.feat_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.box_proj = nn.Linear(config.visual_pos_dim, h)
+        self.box_norm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        x = (self.feat_norm(self.feat_proj(features)) + self.box_norm(self.box_proj(boxes))) / 2
+        return self.dropout(x)
+
+
+class LxmertPooler(nn.Module):
+    """tanh(dense(text_hidden[:, 0])): the language stream's [CLS]. (B, T, H) -> (B, H)."""
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, text_hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(text_hidden[:, 0]))
+
+
+# --- the model ------------------------------------------------------------------------------------
+
+
+@dataclass
+class LxmertAttentions:
+    """Attention probabilities per layer, (B, heads, queries, keys) each.
+
+    language: the language encoder's self-attention (T -> T); object: the object-relationship
+    encoder's (R -> R); cross_text_to_visual (T -> R) and cross_visual_to_text (R -> T): the
+    cross-modality layers' cross-attention.
+    """
+
+    language: tuple[torch.Tensor, ...]
+    object: tuple[torch.Tensor, ...]
+    cross_text_to_visual: tuple[torch.Tensor, ...]
+    cross_visual_to_text: tuple[torch.Tensor, ...]
+
+
+@dataclass
+class LxmertOutput:
+    """text_hidden (B, T, H), visual_hidden (B, R, H): the last cross-modality layer's streams;
+    pooled (B, H); attentions when asked for."""
+
+    text_hidden: torch.Tensor
+    visual_hidden: torch.Tensor
+    pooled: torch.Tensor
+    attentions: LxmertAttentions | None = None
+
+
+class LxmertModel(nn.Module):
+    """The three encoders and the pooler, without heads."""
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = LxmertEmbeddings(config)
+        self.visual_encoder = LxmertVisualEncoder(config)
+        self.lang_layers = nn.ModuleList(LxmertLayer(config) for _ in range(config.language_layers))
+        self.obj_layers = nn.ModuleList(LxmertLayer(config) for _ in range(config.object_layers))
+        self.cross_layers = nn.ModuleList(LxmertCrossLayer(config) for _ in range(config.cross_layers))
+        self.pooler = LxmertPooler(config)
+        self.apply(functools.partial(init_bert_weights, std=config.initializer_range))
+
+    def forward(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        features: torch.Tensor,
+        boxes: torch.Tensor,
+        region_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> LxmertOutput:
+        """input_ids (B, T) long; attention_mask (B, T) and region_mask (B, R): 1 / true for real
+        tokens and regions, None for no padding; token_type_ids (B, T), zeros when None; features
+        (B, R, visual_feat_dim); boxes (B, R, visual_pos_dim), x1 y1 x2 y2 normalised to [0, 1] by
+        the image size.
+
+        Padding never changes the outputs at real tokens and regions, whatever the padded slots
+        hold (even NaN); outputs at padded positions are computed but meaningless.
+        """
+        text = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
+        if region_mask is not None:  # a NaN in a padded slot would leak through 0 * NaN
+            real = region_mask.bool()[..., None]
+            features, boxes = torch.where(real, features, 0), torch.where(real, boxes, 0)
+        visn = self.visual_encoder(features, boxes)  # (B, R, H)
+        lang_mask = additive_mask(attention_mask, text.dtype)  # (B, 1, 1, T)
+        visn_mask = additive_mask(region_mask, visn.dtype)  # (B, 1, 1, R)
+
+        lang_maps, obj_maps, t2v_maps, v2t_maps = [], [], [], []
+        for layer in self.lang_layers:
+            text, probs = layer(text, lang_mask, output_attentions)
+            lang_maps.append(probs)
+        for layer in self.obj_layers:
+            visn, probs = layer(visn, visn_mask, output_attentions)
+            obj_maps.append(probs)
+        for layer in self.cross_layers:
+            text, visn, t2v, v2t = layer(text, lang_mask, visn, visn_mask, output_attentions)
+            t2v_maps.append(t2v)
+            v2t_maps.append(v2t)
+
+        attentions = None
+        if output_attentions:
+            attentions = LxmertAttentions(
+                tuple(lang_maps), tuple(obj_maps), tuple(t2v_maps), tuple(v2t_maps)
+            )
+        return LxmertOutput(
+            text_hidden=text, visual_hidden=visn, pooled=self.pooler(text), attentions=attentions
+        )
+
+
+@dataclass
+class LxmertPreTrainingOutput:
+    """LxmertOutput's fields and every pretraining head's scores.
+
+    lang_prediction_logits (B, T, vocab_size); cross_relationship_score (B, 2), [mismatched,
+    matched]; obj_logits (B, R, num_objects), attr_logits (B, R, num_attributes), feat_prediction
+    (B, R, visual_feat_dim); question_answering_score (B, num_answers). A head the config leaves
+    out gives None.
+    """
+
+    text_hidden: torch.Tensor
+    visual_hidden: torch.Tensor
+    pooled: torch.Tensor
+    lang_prediction_logits: torch.Tensor
+    cross_relationship_score: torch.Tensor
+    obj_logits: torch.Tensor | None
+    attr_logits: torch.Tensor | None
+    feat_prediction: torch.Tensor | None
+    question_answering_score: torch.Tensor | None
+    attentions: LxmertAttentions | None = None
+
+
+class LxmertForPreTraining(nn.Module):
+    """LxmertModel with its pretraining heads: masked LM (decoder tied to the word embeddings),
+    image-text matching, masked-object prediction (object, attribute, feature) and QA."""
+
+    def __init__(self, config: LxmertConfig):
+        super().__init__()
+        self.config = config
+        eps = config.layer_norm_eps
+        self.lxmert = LxmertModel(config)
+        self.mlm_head = MaskedLMHead(self.lxmert.embeddings.word_embeddings, layer_norm_eps=eps)
+        self.match_head = MatchingHead(config.hidden_size)
+        feat_dim = config.visual_feat_dim if config.predict_features else None
+        has_obj_head = config.num_objects or config.num_attributes or feat_dim
+        self.obj_head = (
+            VisualObjHead(
+                config.hidden_size,
+                num_objects=config.num_objects,
+                num_attributes=config.num_attributes,
+                feat_dim=feat_dim,
+                layer_norm_eps=eps,
+            )
+            if has_obj_head
+            else None
+        )
+        self.answer_head = (
+            AnswerHead(config.hidden_size, config.num_answers, layer_norm_eps=eps)
+            if config.num_answers
+            else None
+        )
+        # Not `self.apply`: the MLM decoder is the word embedding matrix, initialised with the model.
+        init = functools.partial(init_bert_weights, std=config.initializer_range)
+        for head in (self.mlm_head.transform, self.match_head, self.obj_head, self.answer_head):
+            if head is not None:
+                head.apply(init)
+
+    def forward(
+        self,
+        *,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        features: torch.Tensor,
+        boxes: torch.Tensor,
+        region_mask: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> LxmertPreTrainingOutput:
+        """Inputs as LxmertModel.forward."""
+        out = self.lxmert(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            token_type_ids=token_type_ids,
+            features=features,
+            boxes=boxes,
+            region_mask=region_mask,
+            output_attentions=output_attentions,
+        )
+        obj = self.obj_head(out.visual_hidden) if self.obj_head is not None else None
+        qa = self.answer_head(out.pooled) if self.answer_head is not None else None
+        return LxmertPreTrainingOutput(
+            text_hidden=out.text_hidden,
+            visual_hidden=out.visual_hidden,
+            pooled=out.pooled,
+            lang_prediction_logits=self.mlm_head(out.text_hidden),
+            cross_relationship_score=self.match_head(out.pooled),
+            obj_logits=obj.obj_logits if obj else None,
+            attr_logits=obj.attr_logits if obj else None,
+            feat_prediction=obj.feat if obj else None,
+            question_answering_score=qa,
+            attentions=out.attentions,
+        )
+
+
+# --- Hugging Face names ---------------------------------------------------------------------------
+
+
+class CheckpointError(ValueError):
+    """A state dict that does not match the model: every difference is listed."""
+
+
+def _name_rules() -> tuple[tuple[str, str], ...]:
+    """(Hugging Face name, our name) of every module or loose parameter; `{i}` stands for a layer index.
+
+    A tensor name is the module's name plus `.weight` / `.bias` (or the parameter's name itself).
+    The official `*_LXRT.pth` files use these Hugging Face names behind `module.`, with `bert.`
+    for `lxmert.` (REFERENCE §3).
+    """
+    bert_layer = (
+        ("attention.self.query", "attn.query"),
+        ("attention.self.key", "attn.key"),
+        ("attention.self.value", "attn.value"),
+        ("attention.output.dense", "attn.out"),
+        ("attention.output.LayerNorm", "attn.norm"),
+        ("intermediate.dense", "ffn.up"),
+        ("output.dense", "ffn.down"),
+        ("output.LayerNorm", "ffn.norm"),
+    )
+
+    def attention(hf_qkv: str, hf_out: str, ours: str) -> list[tuple[str, str]]:
+        return [(f"{hf_qkv}.{p}", f"{ours}.{p}") for p in ("query", "key", "value")] + [
+            (f"{hf_out}.dense", f"{ours}.out"),
+            (f"{hf_out}.LayerNorm", f"{ours}.norm"),
+        ]
+
+    def ffn(hf: str, ours: str) -> list[tuple[str, str]]:
+        return [
+            (f"{hf}_inter.dense", f"{ours}.up"),
+            (f"{hf}_output.dense", f"{ours}.down"),
+            (f"{hf}_output.LayerNorm", f"{ours}.norm"),
+        ]
+
+    cross_layer = [
+        *attention("visual_attention.att", "visual_attention.output", "cross_attn"),
+        *attention("lang_self_att.self", "lang_self_att.output", "lang_self_attn"),
+        *attention("visn_self_att.self", "visn_self_att.output", "visn_self_attn"),
+        *ffn("lang", "lang_ffn"),
+        *ffn("visn", "visn_ffn"),
+    ]
+    rules = [
+        ("lxmert.embeddings.word_embeddings", "lxmert.embeddings.word_embeddings"),
+        ("lxmert.embeddings.position_embeddings", "lxmert.embeddings.position_embeddings"),
+        ("lxmert.embeddings.token_type_embeddings", "lxmert.embeddings.token_type_embeddings"),
+        ("lxmert.embeddings.LayerNorm", "lxmert.embeddings.norm"),
+        ("lxmert.encoder.visn_fc.visn_fc", "lxmert.visual_encoder.feat_proj"),
+        ("lxmert.encoder.visn_fc.visn_layer_norm", "lxmert.visual_encoder.feat_norm"),
+        ("lxmert.encoder.visn_fc.box_fc", "lxmert.visual_encoder.box_proj"),
+        ("lxmert.encoder.visn_fc.box_layer_norm", "lxmert.visual_encoder.box_norm"),
+        *((f"lxmert.encoder.layer.{{i}}.{a}", f"lxmert.lang_layers.{{i}}.{b}") for a, b in bert_layer),
+        *((f"lxmert.encoder.r_layers.{{i}}.{a}", f"lxmert.obj_layers.{{i}}.{b}") for a, b in bert_layer),
+        *(
+            (f"lxmert.encoder.x_layers.{{i}}.{a}", f"lxmert.cross_layers.{{i}}.{b}")
+            for a, b in cross_layer
+        ),
+        ("lxmert.pooler.dense", "lxmert.pooler.dense"),
+        ("cls.predictions.transform.dense", "mlm_head.transform.dense"),
+        ("cls.predictions.transform.LayerNorm", "mlm_head.transform.norm"),
+        ("cls.predictions.decoder", "mlm_head.decoder"),
+        ("cls.predictions.bias", "mlm_head.bias"),
+        ("cls.seq_relationship", "match_head.classifier"),
+        ("obj_predict_head.transform.dense", "obj_head.transform.dense"),
+        ("obj_predict_head.transform.LayerNorm", "obj_head.transform.norm"),
+        ("obj_predict_head.decoder_dict.obj", "obj_head.obj_classifier"),
+        ("obj_predict_head.decoder_dict.attr", "obj_head.attr_classifier"),
+        ("obj_predict_head.decoder_dict.feat", "obj_head.feat_regressor"),
+        ("answer_head.logit_fc.0", "answer_head.dense"),
+        ("answer_head.logit_fc.2", "answer_head.norm"),
+        ("answer_head.logit_fc.3", "answer_head.classifier"),
+    ]
+    return tuple(rules)
+
+
+def _compile(pairs: tuple[tuple[str, str], ...]) -> tuple[tuple[re.Pattern[str], str], ...]:
+    """(source template, target template) -> (regex over full tensor names, replacement)."""
+    compiled = []
+    for src, dst in pairs:
+        pattern = re.escape(src).replace(r"\{i\}", r"(?P<i>\d+)")
+        compiled.append(
+            (
+                re.compile(rf"^{pattern}(?P<param>\.weight|\.bias)?$"),
+                dst.replace("{i}", r"\g<i>") + r"\g<param>",
+            )
+        )
+    return tuple(compiled)
+
+
+_NAME_RULES = _name_rules()
+_HF_TO_OURS = _compile(_NAME_RULES)
+_OURS_TO_HF = _compile(tuple((ours, hf) for hf, ours in _NAME_RULES))
+
+# The masked-LM decoder is the word embedding matrix; state dicts carry it under both names.
+_TIED = {  # alias -> owner, per naming
+    "hf": ("cls.predictions.decoder.weight", "lxmert.embeddings.word_embeddings.weight"),
+    "ours": ("mlm_head.decoder.weight", "lxmert.embeddings.word_embeddings.weight"),
+}
+
+
+def _rename(name: str, rules: tuple[tuple[re.Pattern[str], str], ...]) -> str | None:
+    for pattern, replacement in rules:
+        if pattern.match(name):
+            return pattern.sub(replacement, name)
+    return None
+
+
+def hf_name(ours: str) -> str | None:
+    """Our tensor name -> the Hugging Face `LxmertForPreTraining` one (None if it has none)."""
+    return _rename(ours, _OURS_TO_HF)
+
+
+def ours_name(hf: str) -> str | None:
+    """A Hugging Face `LxmertForPreTraining` tensor name -> ours (None if it has none)."""
+    return _rename(hf, _HF_TO_OURS)
+
+
+@functools.lru_cache(maxsize=8)
+def expected_shapes(config: LxmertConfig) -> dict[str, tuple[int, ...]]:
+    """Our `LxmertForPreTraining(config).state_dict()` names and shapes, built without memory."""
+    with torch.device("meta"):
+        model = LxmertForPreTraining(config)
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
+def _check(
+    state: Mapping[str, torch.Tensor], expected: Mapping[str, tuple[int, ...]], what: str
+) -> None:
+    """Raise CheckpointError listing every missing, unexpected and mis-shaped tensor of `state`."""
+    problems = [
+        f"missing: {name} (expected shape {list(shape)})"
+        for name, shape in expected.items()
+        if name not in state
+    ]
+    for name, t in state.items():
+        if name not in expected:
+            problems.append(f"unexpected: {name} (shape {list(t.shape)})")
+        elif tuple(t.shape) != expected[name]:
+            problems.append(
+                f"wrong shape: {name}: expected {list(expected[name])}, found {list(t.shape)}"
+            )
+    if problems:
+        raise CheckpointError(
+            f"{what} does not match the config, {len(problems)} problem(s):\n  " + "\n  ".join(problems)
+        )
+
+
+def _convert(
+    state: Mapping[str, torch.Tensor], config: LxmertConfig, src: str
+) -> dict[str, torch.Tensor]:
+    """Check `state` (named as `src`: "hf" or "ours") against the config, then rename it."""
+    dst, rules = ("ours", _HF_TO_OURS) if src == "hf" else ("hf", _OURS_TO_HF)
+    what = "Hugging Face LXMERT state dict" if src == "hf" else "LXMERT state dict"
+    ours_shapes = expected_shapes(config)
+    expected = ours_shapes if src == "ours" else {hf_name(n): s for n, s in ours_shapes.items()}
+    alias, owner = _TIED[src]
+    state = dict(state)
+    if alias not in state and owner in state:  # files saved with tied tensors once (save_pretrained)
+        state[alias] = state[owner]
+    _check(state, expected, what)
+    if not torch.equal(state[alias], state[owner]):
+        raise CheckpointError(f"{what}: {alias} differs from {owner}; the model ties them")
+    out = {_rename(name, rules): t for name, t in state.items()}
+    dst_alias, dst_owner = _TIED[dst]
+    out[dst_alias] = out[dst_owner]
+    return out
+
+
+def hf_to_ours_state_dict(
+    state: Mapping[str, torch.Tensor], config: LxmertConfig
+) -> dict[str, torch.Tensor]:
+    """A Hugging Face `LxmertForPreTraining` state dict -> ours for `LxmertForPreTraining(config)`.
+
+    Strict: raises CheckpointError naming (in Hugging Face names) every missing, unexpected or
+    mis-shaped tensor. The tied decoder weight may be absent (it is then the word embeddings); if
+    present it must equal them. Tensors are not copied.
+    """
+    return _convert(state, config, "hf")
+
+
+def ours_to_hf_state_dict(
+    state: Mapping[str, torch.Tensor], config: LxmertConfig
+) -> dict[str, torch.Tensor]:
+    """Our `LxmertForPreTraining` state dict -> Hugging Face `LxmertForPreTraining` names; as strict."""
+    return _convert(state, config, "ours")
+
+
+def config_from_hf(hf: Mapping[str, Any], **overrides: Any) -> LxmertConfig:
+    """Our config from a `transformers.LxmertConfig` as a dict (its config.json).
+
+    The Hugging Face port hard-codes LayerNorm eps 1e-12, as we default to. A head the file's config
+    switches off (`task_qa`, `visual_*_loss`, `task_obj_predict`) is left out here too.
+    """
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise CheckpointError(f"hidden_act {hf['hidden_act']!r} is not supported (only erf 'gelu')")
+    obj_task = hf.get("task_obj_predict", True)
+    fields = dict(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        num_heads=hf["num_attention_heads"],
+        intermediate_size=hf["intermediate_size"],
+        language_layers=hf["l_layers"],
+        object_layers=hf["r_layers"],
+        cross_layers=hf["x_layers"],
+        max_position_embeddings=hf["max_position_embeddings"],
+        type_vocab_size=hf["type_vocab_size"],
+        visual_feat_dim=hf["visual_feat_dim"],
+        visual_pos_dim=hf["visual_pos_dim"],
+        hidden_dropout=hf["hidden_dropout_prob"],
+        attention_dropout=hf["attention_probs_dropout_prob"],
+        initializer_range=hf.get("initializer_range", 0.02),
+        num_objects=hf["num_object_labels"] if obj_task and hf.get("visual_obj_loss", True) else None,
+        num_attributes=hf["num_attr_labels"] if obj_task and hf.get("visual_attr_loss", True) else None,
+        predict_features=bool(obj_task and hf.get("visual_feat_loss", True)),
+        num_answers=hf["num_qa_labels"] if hf.get("task_qa", True) else None,
+    )
+    return dataclasses.replace(LxmertConfig(**fields), **overrides)
+
+
+def config_to_hf(config: LxmertConfig) -> dict[str, Any]:
+    """Keyword arguments for `transformers.LxmertConfig` describing the same network and heads."""
+    if config.layer_norm_eps != 1e-12:
+        raise CheckpointError(
+            f"layer_norm_eps {config.layer_norm_eps}: the Hugging Face port fixes 1e-12"
+        )
+    return dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size,
+        l_layers=config.language_layers,
+        r_layers=config.object_layers,
+        x_layers=config.cross_layers,
+        max_position_embeddings=config.max_position_embeddings,
+        type_vocab_size=config.type_vocab_size,
+        visual_feat_dim=config.visual_feat_dim,
+        visual_pos_dim=config.visual_pos_dim,
+        hidden_dropout_prob=config.hidden_dropout,
+        attention_probs_dropout_prob=config.attention_dropout,
+        initializer_range=config.initializer_range,
+        hidden_act="gelu",
+        num_object_labels=config.num_objects or 1600,
+        num_attr_labels=config.num_attributes or 400,
+        num_qa_labels=config.num_answers or 9500,
+        visual_obj_loss=config.num_objects is not None,
+        visual_attr_loss=config.num_attributes is not None,
+        visual_feat_loss=config.predict_features,
+        task_obj_predict=bool(config.num_objects or config.num_attributes or config.predict_features),
+        task_qa=config.num_answers is not None,
+    )
