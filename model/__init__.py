@@ -8,7 +8,9 @@ The contract every architecture follows (model/lxmert.py, visualbert.py, vlbert.
 - `forward(*, input_ids (B, T) long, attention_mask (B, T) {0, 1}, token_type_ids (B, T) or None,
   features (B, N, D) float, boxes (B, N, 4) x1 y1 x2 y2 normalised to [0, 1] by the image size,
   region_mask (B, N) {0, 1} with 1 for a real region, ...)` (keyword-only), returning a dataclass
-  with `text_hidden (B, T, H)`, `visual_hidden (B, N, Hv)` and `pooled (B, H)`;
+  with `text_hidden (B, T, H)`, `visual_hidden (B, N, Hv)` and `pooled (B, H)` (ViLBERT: its
+  visual stream prepends a global image region, so `visual_hidden` is (B, N + 1, Hv), and both of
+  its pooled outputs, `pooled` and `pooled_visual`, are projected to the co-attention width);
 - attention through `scaled_dot_product_attention` with padding masks for text and regions:
   padded tokens and padded regions never change the outputs at real positions;
 - state_dict key names are our public API; other checkpoint formats (official LXMERT, Hugging
