@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.bench_model import add_args as add_bench_model_args
 from pipeline.config import ConfigError
 from pipeline.datasets import READERS, DatasetError
 
@@ -21,6 +22,7 @@ Typical use:
   pipeline extract --dataset folder --root IMGS --out FEATS --weights faster_rcnn_from_caffe_attr.pkl
   pipeline shards verify FEATS                   check a shard set end to end
   pipeline bench extract                         images/s and time per stage
+  pipeline bench model --arch lxmert             training samples/s, ours against transformers
 Run `pipeline VERB --help` for each verb's options.
 """
 
@@ -212,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
         "decoders via --set run.actors=N ...) and report its overhead"
     )
     _config_args(bench_extract)
+    bench_model = bench_verbs.add_parser(
+        "model",
+        help="training samples/s of our model against transformers' (same weights and work)",
+        description="Time training steps (forward, backward, AdamW) of our model and of the "
+        "transformers implementation with the same weights, batch and loss, alternating rounds, "
+        "and print samples/s, ms/step, peak GPU memory and the ratio ours / transformers. Also "
+        "runs as `python -m pipeline.bench_model` with only torch and transformers installed.",
+    )
+    add_bench_model_args(bench_model)
 
     world = verbs.add_parser("world", help="the synthetic world: images and annotations in real formats")
     world_verbs = world.add_subparsers(dest="world_verb", metavar="ACTION", required=True)
@@ -267,6 +278,10 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline import shards_cli
 
             return shards_cli.run_shards(args)
+        if args.verb == "bench" and args.bench_verb == "model":
+            from pipeline.bench_model import run_bench_model
+
+            return run_bench_model(args)
         if args.verb == "bench":
             from pipeline.bench import run_bench
 
