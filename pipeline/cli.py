@@ -11,6 +11,8 @@ import sys
 
 from pipeline.bench_model import add_args as add_bench_model_args
 from pipeline.config import ConfigError
+from pipeline.convert import DESCRIPTION as CONVERT_DESCRIPTION
+from pipeline.convert import add_convert_args
 from pipeline.datasets import READERS, DatasetError
 
 DESCRIPTION = """\
@@ -23,6 +25,7 @@ Typical use:
   pipeline shards verify FEATS                   check a shard set end to end
   pipeline bench extract                         images/s and time per stage
   pipeline bench model --arch lxmert             training samples/s, ours against transformers
+  pipeline convert model_LXRT.pth --to hf --out DIR   official LXMERT weights -> Hugging Face
 Run `pipeline VERB --help` for each verb's options.
 """
 
@@ -252,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     _config_args(train)
 
+    convert = verbs.add_parser(
+        "convert",
+        help="convert a model checkpoint between our, Hugging Face and official LXMERT formats",
+        description=CONVERT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_convert_args(convert)
+
     demo = verbs.add_parser(
         "demo",
         help="run the main job on the bundled data",
@@ -294,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline.detector_train import run_detector_train
 
             return run_detector_train(args)
+        if args.verb == "convert":
+            from pipeline.convert import run_convert
+
+            return run_convert(args)
         if args.verb == "demo":
             from pipeline.demo import run_demo
 
