@@ -10,11 +10,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from model.lxmert import (  # noqa: E402
-    CheckpointError,
-    LxmertConfig,
-    LxmertForPreTraining,
-    LxmertModel,
+from model.checkpoints import CheckpointError  # noqa: E402
+from model.checkpoints.lxmert import (  # noqa: E402
     config_from_hf,
     config_to_hf,
     expected_shapes,
@@ -22,6 +19,7 @@ from model.lxmert import (  # noqa: E402
     hf_to_ours_state_dict,
     ours_to_hf_state_dict,
 )
+from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertModel  # noqa: E402
 
 TINY = LxmertConfig.tiny()
 ATOL = 1e-5

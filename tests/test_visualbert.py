@@ -14,16 +14,15 @@ import safetensors.torch
 import torch
 import transformers
 
-from model.visualbert import (
-    CheckpointMismatch,
-    VisualBertConfig,
-    VisualBertModel,
+from model.checkpoints import CheckpointError
+from model.checkpoints.visualbert import (
     config_from_hf,
     config_to_hf,
     expected_shapes,
     hf_to_ours_state_dict,
     ours_to_hf_state_dict,
 )
+from model.visualbert import VisualBertConfig, VisualBertModel
 
 TOL = 1e-5
 FEAT = 16  # a small visual_feat_dim keeps the reference cheap
@@ -265,7 +264,7 @@ def test_pretraining_model_backbone_under_prefix():
     sd = pre.state_dict()
     assert any(k.startswith("cls.") for k in sd)
     config = config_from_hf(pre.config.to_dict())
-    with pytest.raises(CheckpointMismatch, match=r"unexpected: cls\.predictions"):
+    with pytest.raises(CheckpointError, match=r"unexpected: cls\.predictions"):
         hf_to_ours_state_dict(sd, config)
     ours = VisualBertModel(config).eval()
     ours.load_state_dict(hf_to_ours_state_dict(sd, config, drop_heads=True))
@@ -286,24 +285,24 @@ def test_mismatches_are_named():
     sd["encoder.layer.1.intermediate.dense.weight"] = torch.zeros(65, 32)
     del sd["pooler.dense.bias"]
     sd["encoder.layer.2.output.dense.weight"] = torch.zeros(32, 64)
-    with pytest.raises(CheckpointMismatch) as err:
+    with pytest.raises(CheckpointError) as err:
         hf_to_ours_state_dict(sd, config)
     msg = str(err.value)
     name = "encoder.layer.1.intermediate.dense.weight"
-    assert f"mis-shaped: {name} (shape [65, 32], expected [64, 32])" in msg
+    assert f"wrong shape: {name}: expected [64, 32], found [65, 32]" in msg
     assert "missing: pooler.dense.bias" in msg
     assert "unexpected: encoder.layer.2.output.dense.weight" in msg
     assert msg.count("\n") == 3  # exactly those three, nothing else
 
     ours_sd = VisualBertModel(config).state_dict()
     ours_sd["embeddings.visual_projection.weight"] = torch.zeros(32, FEAT + 1)
-    with pytest.raises(CheckpointMismatch, match=r"mis-shaped: embeddings\.visual_projection\.w"):
+    with pytest.raises(CheckpointError, match=r"wrong shape: embeddings\.visual_projection\.w"):
         ours_to_hf_state_dict(ours_sd, config)
 
 
 def test_unsupported_reference_variants_refused():
     hf_config = transformers.VisualBertConfig(**HF_TINY, bypass_transformer=True).to_dict()
-    with pytest.raises(CheckpointMismatch, match="bypass_transformer"):
+    with pytest.raises(CheckpointError, match="bypass_transformer"):
         config_from_hf(hf_config)
 
 

@@ -1,0 +1,37 @@
+"""Checkpoint formats of the field, mapped onto our state_dict names by explicit tables.
+
+- formats.py: detect a checkpoint's format and architecture, read it (`load_checkpoint`), write
+  it (`save_ours`, `save_hf`, `save_official`); the formats are described there.
+- lxmert.py: LXMERT's Hugging Face and official (`*_LXRT.pth`) names and configs, both ways.
+- visualbert.py: VisualBERT's Hugging Face names and config, both ways.
+- bert.py: `init_text_from_bert`, a BERT checkpoint into any architecture's text stream.
+- common.py: `CheckpointError`, the strict comparison, tied tensors, tensor files.
+Every reader is strict: a CheckpointError lists each missing, unexpected and mis-shaped tensor.
+"""
+
+from model.checkpoints.bert import BertInitReport, init_text_from_bert
+from model.checkpoints.common import CheckpointError
+from model.checkpoints.formats import (
+    Checkpoint,
+    LoadReport,
+    build_model,
+    detect,
+    load_checkpoint,
+    save_hf,
+    save_official,
+    save_ours,
+)
+
+__all__ = [
+    "BertInitReport",
+    "Checkpoint",
+    "CheckpointError",
+    "LoadReport",
+    "build_model",
+    "detect",
+    "init_text_from_bert",
+    "load_checkpoint",
+    "save_hf",
+    "save_official",
+    "save_ours",
+]

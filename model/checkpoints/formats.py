@@ -1,0 +1,373 @@
+"""Checkpoint files: detect their format and architecture, read them into our names, write them.
+
+Formats (the `pipeline convert` verb moves a checkpoint between any two):
+- "ours": a directory with `config.json` = {"format", "arch", "model" (the class the state dict
+  belongs to), "config" (our config dataclass's fields), "tied" ({alias: owner} of tensors stored
+  once)} and `model.safetensors`. Any of the four architectures.
+- "hf": a Hugging Face directory: `config.json` (model_type "lxmert" or "visual_bert") and
+  `model.safetensors`, a sharded `model.safetensors.index.json`, or `pytorch_model.bin`.
+  LXMERT as `LxmertForPreTraining` (heads) or `LxmertModel`; VisualBERT as `VisualBertModel`, or a
+  task / pretraining model whose heads are dropped on request (ours has no VisualBERT heads).
+- "official": the LXMERT repository's `torch.save(model.state_dict())` (`*_LXRT.pth`), full
+  pretraining model or encoder only, DataParallel's `module.` prefix or not. LXMERT only.
+Everything is strict: a tensor missing, unexpected or of the wrong shape is an error naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from model.checkpoints import lxmert as lx
+from model.checkpoints import visualbert as vb
+from model.checkpoints.common import (
+    CheckpointError,
+    check_state,
+    read_hf_weights,
+    read_tensors,
+    shapes_of,
+    untie,
+    write_safetensors,
+)
+from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertModel
+from model.vilbert import VilBertConfig, VilBertModel
+from model.visualbert import VisualBertConfig, VisualBertModel
+from model.vlbert import VlBertConfig, VlBertModel
+
+OURS_FORMAT = "vlpipe-model-v1"
+CONFIGS: dict[str, type] = {
+    "lxmert": LxmertConfig,
+    "visualbert": VisualBertConfig,
+    "vlbert": VlBertConfig,
+    "vilbert": VilBertConfig,
+}
+# arch -> {class name: class}; a state dict belongs to the class whose tensor names it has.
+MODELS: dict[str, dict[str, type[nn.Module]]] = {
+    "lxmert": {"LxmertForPreTraining": LxmertForPreTraining, "LxmertModel": LxmertModel},
+    "visualbert": {"VisualBertModel": VisualBertModel},
+    "vlbert": {"VlBertModel": VlBertModel},
+    "vilbert": {"VilBertModel": VilBertModel},
+}
+HF_MODEL_TYPES = {"lxmert": "lxmert", "visual_bert": "visualbert"}  # config.json model_type -> arch
+_TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """What `load_checkpoint` read: the source, its format, the model class the state dict is for,
+    the heads present (top-level modules beside the backbone) and notes (what was assumed,
+    dropped or absent)."""
+
+    source: str
+    format: str
+    arch: str
+    model: str
+    tensors: int
+    heads: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        heads = ", ".join(self.heads) or "none"
+        lines = [
+            f"{self.source}: {self.arch} in the {self.format} format -> {self.model}, "
+            f"{self.tensors} tensors, heads: {heads}",
+            *(f"  note: {note}" for note in self.notes),
+        ]
+        return "\n".join(lines)
+
+
+class Checkpoint(NamedTuple):
+    """A checkpoint in our names: `model_class(config).load_state_dict(state_dict)` loads it."""
+
+    arch: str
+    config: Any
+    state_dict: dict[str, torch.Tensor]
+    report: LoadReport
+
+
+# --- detection ----------------------------------------------------------------------------------------
+
+
+def detect(src: str | Path) -> tuple[str, str]:
+    """(format, arch) of a checkpoint path: "ours" / "hf" directories, "official" LXMERT files."""
+    path = Path(src)
+    if path.is_file():
+        if path.suffix in _TORCH_SUFFIXES:
+            return "official", "lxmert"
+        raise CheckpointError(
+            f"{path}: a file that is no torch checkpoint ({', '.join(_TORCH_SUFFIXES)}); our and "
+            "Hugging Face checkpoints are directories"
+        )
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such file or directory")
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: no config.json, so neither our format nor Hugging Face's")
+    meta = json.loads((path / "config.json").read_text())
+    if "arch" in meta and "config" in meta:
+        if meta["arch"] not in CONFIGS:
+            raise CheckpointError(
+                f"{path}: unknown arch {meta['arch']!r} (known: {', '.join(CONFIGS)})"
+            )
+        return "ours", meta["arch"]
+    model_type = meta.get("model_type")
+    if model_type in HF_MODEL_TYPES:
+        return "hf", HF_MODEL_TYPES[model_type]
+    if model_type == "bert":
+        raise CheckpointError(
+            f"{path}: a BERT checkpoint, not a vision-and-language one: initialise a model's text "
+            "stream from it with model.checkpoints.init_text_from_bert"
+        )
+    raise CheckpointError(
+        f"{path}: Hugging Face model_type {model_type!r}; readable: {', '.join(HF_MODEL_TYPES)}"
+    )
+
+
+# --- reading ------------------------------------------------------------------------------------------
+
+
+def load_checkpoint(
+    src: str | Path,
+    arch: str | None = None,
+    *,
+    drop_heads: bool = False,
+    num_heads: int | None = None,
+) -> Checkpoint:
+    """Read a checkpoint in any format into our names; (arch, config, state_dict, report).
+
+    arch: what the caller expects (an error if the file holds another); None accepts any.
+    drop_heads: keep the backbone only (e.g. a Hugging Face task model's, or LXMERT's encoder).
+    num_heads: attention heads of an official LXMERT file, which does not record them (default
+        hidden / 64, as BERT and LXMERT); other formats record them and refuse this argument.
+    Raises CheckpointError naming every missing, unexpected and mis-shaped tensor.
+    """
+    path = Path(src)
+    fmt, found = detect(path)
+    if arch is not None and arch != found:
+        raise CheckpointError(f"{path} holds a {found} checkpoint ({fmt} format), not {arch}")
+    if num_heads is not None and fmt != "official":
+        raise CheckpointError(
+            f"{path}: num_heads is recorded in its config.json; only official files need it"
+        )
+    notes: list[str] = []
+    if fmt == "ours":
+        config, state, model = _read_ours(path, drop_heads, notes)
+    elif fmt == "hf":
+        config, state, model = _read_hf(path, found, drop_heads, notes)
+    else:
+        config, state, model = _read_official(path, drop_heads, num_heads, notes)
+    # only LxmertForPreTraining has heads beside its backbone (`lxmert.*`) among our classes
+    heads = (
+        sorted({n.split(".")[0] for n in state} - {"lxmert"})
+        if model == "LxmertForPreTraining"
+        else []
+    )
+    if model == "LxmertModel":
+        notes.append("no heads: the encoder alone (LxmertModel)")
+    report = LoadReport(str(path), fmt, found, model, len(state), tuple(heads), tuple(notes))
+    return Checkpoint(found, config, state, report)
+
+
+def build_model(checkpoint: Checkpoint) -> nn.Module:
+    """The model class a checkpoint is for, built from its config with its weights loaded."""
+    model = MODELS[checkpoint.arch][checkpoint.report.model](checkpoint.config)
+    model.load_state_dict(checkpoint.state_dict, strict=True)
+    return model
+
+
+def _read_ours(path: Path, drop_heads: bool, notes: list[str]) -> tuple[Any, dict, str]:
+    meta = json.loads((path / "config.json").read_text())
+    arch = meta["arch"]
+    try:
+        config = CONFIGS[arch](**meta["config"])
+    except TypeError as err:  # an unknown or missing field
+        raise CheckpointError(
+            f"{path / 'config.json'}: not a {CONFIGS[arch].__name__}: {err}"
+        ) from None
+    model = meta.get("model", next(iter(MODELS[arch])))
+    if model not in MODELS[arch]:
+        raise CheckpointError(
+            f"{path}: unknown model {model!r} for {arch} ({', '.join(MODELS[arch])})"
+        )
+    state = read_tensors(path / "model.safetensors")
+    for alias, owner in meta.get("tied", {}).items():
+        if owner in state:
+            state[alias] = state[owner]
+    check_state(state, shapes_of(MODELS[arch][model], config), f"{path} ({model})")
+    if drop_heads and model == "LxmertForPreTraining":
+        notes.append(f"dropped the heads: {_heads_of(state)}")
+        state = {
+            n.removeprefix(lx.BACKBONE): t for n, t in state.items() if n.startswith(lx.BACKBONE)
+        }
+        config, model = lx.without_heads(config), "LxmertModel"
+    return config, state, model
+
+
+def _read_hf(path: Path, arch: str, drop_heads: bool, notes: list[str]) -> tuple[Any, dict, str]:
+    hf_config = json.loads((path / "config.json").read_text())
+    state = read_hf_weights(path)
+    what = str(path)
+    if arch == "lxmert":
+        config = lx.config_from_hf(hf_config)
+        heads = any(n.startswith(lx.BACKBONE) for n in state)
+        if heads and drop_heads:
+            notes.append(f"dropped the heads: {_heads_of(state, lx.BACKBONE)}")
+            state = {
+                n.removeprefix(lx.BACKBONE): t
+                for n, t in state.items()
+                if n.startswith(lx.BACKBONE)
+            }
+            heads = False
+        if not heads:
+            config = lx.without_heads(config)
+        state = _with_hint(lx.hf_to_ours_state_dict, what, heads)(state, config, heads=heads)
+        return config, state, "LxmertForPreTraining" if heads else "LxmertModel"
+    config = vb.config_from_hf(hf_config)
+    _, rest = vb.split_heads(state)
+    if rest and drop_heads:
+        notes.append(f"dropped the heads: {', '.join(sorted({n.split('.')[0] for n in rest}))}")
+    convert = _with_hint(vb.hf_to_ours_state_dict, what, bool(rest))
+    return config, convert(state, config, drop_heads=drop_heads), "VisualBertModel"
+
+
+def _read_official(
+    path: Path, drop_heads: bool, num_heads: int | None, notes: list[str]
+) -> tuple[LxmertConfig, dict, str]:
+    raw = read_tensors(path)
+    prefix = "module." if raw and all(n.startswith("module.") for n in raw) else ""
+    hf_state, heads = lx.official_to_hf_state_dict(raw)
+    if heads and drop_heads:
+        notes.append(f"dropped the heads: {_heads_of(hf_state, lx.BACKBONE)}")
+        raw = {n: t for n, t in raw.items() if n.removeprefix("module.").startswith("bert.")}
+        hf_state, heads = lx.official_to_hf_state_dict(raw)
+    config = lx.config_from_official(hf_state, heads=heads, num_heads=num_heads)
+    if num_heads is None:
+        notes.append(
+            f"num_heads is not stored in official files: assumed {config.num_heads} (hidden / 64)"
+        )
+    if heads:  # torch.save keeps the tied decoder under both names; tolerate a file keeping one
+        alias, owner = (
+            prefix + lx.hf_to_official_name(n).removeprefix("module.") for n in lx.TIED["hf"]
+        )
+        if alias not in raw and owner in raw:
+            raw = {**raw, alias: raw[owner]}
+    # checked in the file's own names, so that an error names a tensor as the file does
+    expected = lx.official_shapes(config, heads=heads, prefix=prefix)
+    _with_hint(check_state, None, heads)(raw, expected, f"official LXMERT checkpoint {path}")
+    state = lx.hf_to_ours_state_dict(lx.official_to_hf_state_dict(raw)[0], config, heads=heads)
+    return config, state, "LxmertForPreTraining" if heads else "LxmertModel"
+
+
+def _with_hint(convert, source: str | None, has_heads: bool):
+    """`convert`, re-raising its CheckpointError with the source named and, for a file with heads,
+    how to keep its backbone alone."""
+
+    def wrapped(*args, **kwargs):
+        try:
+            return convert(*args, **kwargs)
+        except CheckpointError as err:
+            hint = (
+                "\n(drop_heads=True, or --drop-heads, keeps the backbone alone)"
+                if has_heads
+                else ""
+            )
+            raise CheckpointError(f"{source + ': ' if source else ''}{err}{hint}") from None
+
+    return wrapped
+
+
+def _heads_of(state, backbone: str = lx.BACKBONE) -> str:
+    """The top-level modules of `state` beside the backbone, e.g. "answer_head, cls"."""
+    return ", ".join(sorted({n.split(".")[0] for n in state if not n.startswith(backbone)}))
+
+
+# --- writing ------------------------------------------------------------------------------------------
+
+
+def model_name(arch: str, config: Any, state: dict[str, torch.Tensor]) -> str:
+    """The class of `arch` that `state` is a complete state dict of; CheckpointError otherwise."""
+    if arch not in MODELS:
+        raise CheckpointError(f"unknown arch {arch!r} (known: {', '.join(MODELS)})")
+    if not isinstance(config, CONFIGS[arch]):
+        raise CheckpointError(
+            f"{arch} needs a {CONFIGS[arch].__name__}, got {type(config).__name__}"
+        )
+    candidates = MODELS[arch]
+    for name, cls in candidates.items():
+        if set(shapes_of(cls, config)) == set(state):
+            check_state(state, shapes_of(cls, config), f"{arch} state dict ({name})")
+            return name
+    # no class has exactly these names: report against the one sharing most of them
+    name = max(candidates, key=lambda n: len(set(shapes_of(candidates[n], config)) & set(state)))
+    check_state(state, shapes_of(candidates[name], config), f"{arch} state dict ({name})")
+    raise AssertionError("check_state passed on differing names")
+
+
+def save_ours(out: str | Path, arch: str, config: Any, state_dict: dict[str, torch.Tensor]) -> Path:
+    """Write our format: `out/model.safetensors` (tied tensors once), then `out/config.json`."""
+    out = Path(out)
+    model = model_name(arch, config, state_dict)
+    unique, tied = untie(state_dict)
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out / "model.safetensors", unique)
+    meta = {
+        "format": OURS_FORMAT,
+        "arch": arch,
+        "model": model,
+        "config": dataclasses.asdict(config),
+        "tied": tied,
+    }
+    # config.json last: a directory without it is not taken for a checkpoint
+    (out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def save_hf(out: str | Path, arch: str, config: Any, state_dict: dict[str, torch.Tensor]) -> Path:
+    """Write a directory that `transformers` loads: `LxmertForPreTraining` / `LxmertModel` /
+    `VisualBertModel`.from_pretrained(out), with no missing or unexpected weights."""
+    out = Path(out)
+    model = model_name(arch, config, state_dict)
+    if arch == "lxmert":
+        heads = model == "LxmertForPreTraining"
+        hf_state = lx.ours_to_hf_state_dict(state_dict, config, heads=heads)
+        if heads:  # transformers ties the decoder to the word embeddings itself
+            del hf_state[lx.TIED["hf"][0]]
+        hf_config = {**lx.config_to_hf(config), "model_type": "lxmert", "architectures": [model]}
+    elif arch == "visualbert":
+        hf_state = vb.ours_to_hf_state_dict(state_dict, config)
+        hf_config = {
+            **vb.config_to_hf(config),
+            "model_type": "visual_bert",
+            "architectures": [model],
+        }
+    else:
+        raise CheckpointError(
+            f"{arch}: transformers has no {arch} model to export to; use our format (--to ours)"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    write_safetensors(out / "model.safetensors", untie(hf_state)[0])
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    return out
+
+
+def save_official(
+    out: str | Path, arch: str, config: Any, state_dict: dict[str, torch.Tensor]
+) -> Path:
+    """Write an official LXMERT file: `torch.save` of {`module.`-prefixed name: tensor}, as the LXMERT
+    repository's DataParallel model saves it (the pretraining model, or the encoder alone)."""
+    if arch != "lxmert":
+        raise CheckpointError(
+            f"{arch}: the official format exists for LXMERT only; use --to ours (or hf for visualbert)"
+        )
+    out = Path(out)
+    heads = model_name(arch, config, state_dict) == "LxmertForPreTraining"
+    hf_state = lx.ours_to_hf_state_dict(state_dict, config, heads=heads)
+    official = {lx.hf_to_official_name(n, heads=heads): t for n, t in hf_state.items()}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(official, out)
+    return out
