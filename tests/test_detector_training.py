@@ -85,6 +85,20 @@ def test_losses_are_named_finite_and_positive():
     assert losses["loss_cls"].item() == pytest.approx(np.log(TINY.num_classes + 1), abs=0.1)
 
 
+def test_an_image_without_objects_trains_beside_one_with_objects():
+    scenes = [_scene(0, 64, 80), _scene(1, 72, 56)]
+    prepared = [resize_image(s[0], PreprocessConfig(min_size=64, max_size=96)) for s in scenes]
+    empty = (np.zeros((0, 4), np.float32), np.zeros(0, np.int64), np.zeros((0, 1), np.int64))
+    batch = make_batch(
+        prepared, [scenes[0][1], empty[0]], [scenes[0][2], empty[1]],
+        [scenes[0][3], empty[2]], TINY,
+    )
+    model = unfreeze_batchnorm(_model()).train()
+    losses = detector_losses(model, batch, LOSSES, torch.Generator().manual_seed(0))
+    assert all(torch.isfinite(v) for v in losses.values())
+    sum(losses.values()).backward()
+
+
 def test_make_batch_pads_and_scales_the_ground_truth():
     bgr, boxes, classes, attributes = _scene(0, 64, 80)
     prepared = resize_image(bgr, PreprocessConfig(min_size=128, max_size=256))
