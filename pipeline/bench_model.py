@@ -12,7 +12,10 @@ Timing: `--warmup` steps each, then `--rounds` rounds of `--steps` steps per mod
 by `torch.cuda.synchronize()`. samples/s = batch * timed steps / timed seconds. Peak memory (CUDA)
 is the model's own: its parameters and optimizer state plus the largest transient allocation
 (activations, gradients) during its steps, although both models stay resident. The data is
-already on the device: this measures the model, not a data loader.
+already on the device: this measures the model, not a data loader. On the CPU the process CPU
+time per step is reported too: on a shared machine, wall time includes waiting for a core.
+`--compile ours` runs our model through torch.compile (the first steps compile, so give it a
+warm-up of a few steps); `--compile both` compiles transformers' too.
 
 Runs without the rest of the project too, on a GPU box with only torch and transformers:
     python -m pipeline.bench_model --arch lxmert
@@ -66,7 +69,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=20, help="text length (default: 20)")
     parser.add_argument("--regions", type=int, default=36, help="regions per image (default: 36)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round (default: 10)")
-    parser.add_argument("--rounds", type=int, default=3, help="timing rounds per model (default: 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per model (default: 3)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument(
@@ -146,7 +149,7 @@ def hardware(device: Any) -> str:
 
 @dataclass
 class Timing:
-    """Per model: wall seconds and process CPU seconds of each round, peak transient bytes (CUDA)."""
+    """One model's wall and process-CPU seconds per round, and peak transient bytes (CUDA)."""
 
     wall: list[float]
     cpu: list[float]
@@ -250,7 +253,7 @@ def bench_model(s: BenchSettings) -> dict[str, Any]:
                 "samples_per_s": samples / total,
                 "ms_per_step": 1000 * total / (s.steps * s.rounds),
                 "round_samples_per_s": [s.batch_size * s.steps / w for w in t.wall],
-                # Process CPU time: on a shared CPU machine, the cost unaffected by waiting for a core.
+                # Process CPU time: on a shared CPU machine, the cost without waiting for a core.
                 "cpu_ms_per_step": 1000 * sum(t.cpu) / (s.steps * s.rounds),
                 "peak_memory_gib": (
                     (resident + t.transient_bytes) / 2**30 if device.type == "cuda" else None

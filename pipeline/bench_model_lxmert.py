@@ -21,8 +21,9 @@ from dataclasses import dataclass
 import torch
 import transformers
 
+from model.checkpoints.lxmert import config_to_hf, ours_to_hf_state_dict
 from model.heads import feature_regression_loss, masked_lm_loss, matching_loss, region_class_loss
-from model.lxmert import LxmertConfig, LxmertForPreTraining, config_to_hf, ours_to_hf_state_dict
+from model.lxmert import LxmertConfig, LxmertForPreTraining
 
 # The official code's `visual_loss_normalizer` (about 1 / 0.15, the masking rate); given to the
 # transformers config too, so both sides use the same constant by construction.
@@ -152,21 +153,21 @@ def ours_loss(model: LxmertForPreTraining, batch: PretrainingBatch) -> torch.Ten
         boxes=batch.boxes,
         region_mask=batch.region_mask,
     )
-    loss = masked_lm_loss(out.lang_prediction_logits, batch.mlm_labels)
-    loss = loss + matching_loss(out.cross_relationship_score, batch.matched)
+    b = batch
+    loss = masked_lm_loss(out.lang_prediction_logits, b.mlm_labels)
+    loss = loss + matching_loss(out.cross_relationship_score, b.matched)
     visual = []
+    mean = {"reduction": "mean"}  # the official mean over all B * R regions, weights included
     if out.obj_logits is not None:
-        visual.append(region_class_loss(out.obj_logits, batch.obj_labels, batch.obj_conf, reduction="mean"))
+        visual.append(region_class_loss(out.obj_logits, b.obj_labels, b.obj_conf, **mean))
     if out.attr_logits is not None:
-        visual.append(region_class_loss(out.attr_logits, batch.attr_labels, batch.attr_conf, reduction="mean"))
+        visual.append(region_class_loss(out.attr_logits, b.attr_labels, b.attr_conf, **mean))
     if out.feat_prediction is not None:
-        visual.append(
-            feature_regression_loss(out.feat_prediction, batch.features, batch.feat_mask, reduction="mean")
-        )
+        visual.append(feature_regression_loss(out.feat_prediction, b.features, b.feat_mask, **mean))
     if visual:
         loss = loss + VISUAL_LOSS_SCALE * sum(visual)
     if out.question_answering_score is not None:  # plain cross-entropy over the labelled rows
-        loss = loss + masked_lm_loss(out.question_answering_score, batch.answers)
+        loss = loss + masked_lm_loss(out.question_answering_score, b.answers)
     return loss
 
 
