@@ -349,7 +349,7 @@ def test_detection_refuses_what_it_cannot_read(tmp_path):
     with pytest.raises(CheckpointError, match="not a readable torch checkpoint"):
         load_checkpoint(tmp_path / "pickle.pth")
     torch.save({"module.bert.x": [1, 2]}, tmp_path / "objects.pth")
-    with pytest.raises(CheckpointError, match="flat dict of tensors"):
+    with pytest.raises(CheckpointError, match="flat dict of tensors, found .module.bert.x.: list"):
         load_checkpoint(tmp_path / "objects.pth")
     save_ours(
         tmp_path / "ours",
@@ -449,6 +449,7 @@ def test_bert_into_lxmert(minilm):
     assert report.unused == ["embeddings.position_ids"]
     text = str(report)
     assert "lxmert.lang_layers.{0-5} (96)" in text and "lxmert.lang_layers.{6-7} (32)" in text
+    assert "unused (1 tensors): embeddings.position_ids" in text and "match_head (2)" in text
 
     # With no cross layers, text_hidden is the language encoder's output: BERT's, exactly.
     six = LxmertModel(dataclasses.replace(config, language_layers=6, cross_layers=0)).eval()

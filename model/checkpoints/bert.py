@@ -178,23 +178,29 @@ class BertInitReport:
             ("unused", self.unused),
         ):
             if names:
-                lines.append(f"  {what} ({len(names)} tensors): {_groups(names, self.prefix)}")
+                prefix = "" if what == "unused" else self.prefix  # BERT's names, not ours
+                lines.append(f"  {what} ({len(names)} tensors): {_groups(names, prefix)}")
         return "\n".join(lines)
 
 
 def _groups(names: Iterable[str], prefix: str) -> str:
-    """Names summarised by module: "lang_layers.{0-5} (96), embeddings (5)" (prefix kept)."""
+    """Names summarised by module after `prefix` (a wrapper's backbone): "lxmert.lang_layers.{0-5}
+    (96), lxmert.embeddings (5), mlm_head.bias"; a group of one is the name itself."""
     groups: dict[str, tuple[set[int], list[str]]] = {}
     for name in names:
-        rest = name.removeprefix(prefix).split(".")
+        head = prefix if prefix and name.startswith(prefix) else ""
+        rest = name[len(head) :].split(".")
         digit = next((i for i, p in enumerate(rest) if p.isdigit()), None)
-        key = prefix + ".".join(rest[:digit] if digit is not None else rest[:1])
+        key = head + ".".join(rest[:digit] if digit is not None else rest[:1])
         indices, members = groups.setdefault(key, (set(), []))
         members.append(name)
         if digit is not None:
             indices.add(int(rest[digit]))
     parts = []
     for key, (indices, members) in groups.items():
+        if len(members) == 1:
+            parts.append(members[0])
+            continue
         span = ""
         if len(indices) > 1 and indices == set(range(min(indices), max(indices) + 1)):
             span = f".{{{min(indices)}-{max(indices)}}}"

@@ -88,12 +88,17 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a refused or broken pickle
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({err})") from None
-    if not isinstance(state, Mapping) or not all(
-        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
-    ):
+    if not isinstance(state, Mapping):
         raise CheckpointError(
             f"{path}: expected a flat dict of tensors, found {type(state).__name__}"
         )
+    bad = [
+        f"{k!r}: {type(v).__name__}" for k, v in state.items() if not isinstance(v, torch.Tensor)
+    ]
+    bad += [f"key {k!r}" for k in state if not isinstance(k, str)]
+    if bad:
+        found = ", ".join(bad[:3])
+        raise CheckpointError(f"{path}: expected a flat dict of tensors, found {found}")
     return dict(state)
 
 
