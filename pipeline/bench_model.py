@@ -238,8 +238,8 @@ def bench_model(s: BenchSettings) -> dict[str, Any]:
     samples = s.batch_size * s.steps * s.rounds
     rows = []
     for name, (model, _) in models.items():
-        t = timing[name]
-        total = sum(t.wall)
+        timed = timing[name]
+        total = sum(timed.wall)
         resident = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
             t.numel() * t.element_size()
             for state in optimizers[name].state.values()
@@ -252,11 +252,11 @@ def bench_model(s: BenchSettings) -> dict[str, Any]:
                 "params": sum(p.numel() for p in model.parameters()),
                 "samples_per_s": samples / total,
                 "ms_per_step": 1000 * total / (s.steps * s.rounds),
-                "round_samples_per_s": [s.batch_size * s.steps / w for w in t.wall],
+                "round_samples_per_s": [s.batch_size * s.steps / w for w in timed.wall],
                 # Process CPU time: on a shared CPU machine, the cost without waiting for a core.
-                "cpu_ms_per_step": 1000 * sum(t.cpu) / (s.steps * s.rounds),
+                "cpu_ms_per_step": 1000 * sum(timed.cpu) / (s.steps * s.rounds),
                 "peak_memory_gib": (
-                    (resident + t.transient_bytes) / 2**30 if device.type == "cuda" else None
+                    (resident + timed.transient_bytes) / 2**30 if device.type == "cuda" else None
                 ),
                 "compiled": name in compiled,
                 "first_step_loss": first_loss[name],
