@@ -1,9 +1,9 @@
 """The bundled world detector, through `pipeline extract --dataset folder`, on a fresh world.
 
 The world is generated with a seed the detector never trained on (it trained on seed 0), so the
-scenes are new. The bundled detector (mAP@0.5 0.73 on the held-out split, see the README) finds
-51 of the 70 objects with their own name and 43 of its 60 confident regions are right.
-The bounds leave a margin under those numbers.
+scenes are new. The bundled detector (mAP@0.5 0.82, colour 0.97 on the held-out split, see the
+README) finds 59 of the 70 objects with their own name, and 59 of its 83 confident regions are
+right. The bounds leave a margin under those numbers.
 """
 
 import json
@@ -55,7 +55,7 @@ def test_detected_labels_match_the_ground_truth(extracted):
             found += label in names
             total += 1
     assert total >= 3 * IMAGES
-    assert found / total >= 0.65, f"{found} of {total} objects found with their name"
+    assert found / total >= 0.75, f"{found} of {total} objects found with their name"
 
 
 def test_confident_regions_name_a_real_object(extracted):
