@@ -63,7 +63,8 @@ class TaskModel(nn.Module):
         self.joint_size, self.region_size = joint_sizes(encoder.config)
 
     def init_head(self) -> None:
-        self.head.apply(functools.partial(init_bert_weights, std=self.encoder.config.initializer_range))
+        std = self.encoder.config.initializer_range
+        self.head.apply(functools.partial(init_bert_weights, std=std))
 
     def encode(self, **inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's forward arguments -> joint vector (B, P), region states (B, N, Hv)."""
@@ -214,6 +215,7 @@ def retrieval_loss(scores: torch.Tensor) -> torch.Tensor:
     The mean of the cross-entropies text -> images (rows) and image -> texts (columns).
     """
     if scores.shape[0] != scores.shape[1]:
-        raise ValueError(f"retrieval_loss needs matched texts and images, got {tuple(scores.shape)}")
+        shape = tuple(scores.shape)
+        raise ValueError(f"retrieval_loss needs as many texts as images, got scores {shape}")
     target = torch.arange(scores.shape[0], device=scores.device)
     return (F.cross_entropy(scores.float(), target) + F.cross_entropy(scores.float().T, target)) / 2

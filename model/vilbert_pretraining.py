@@ -15,7 +15,7 @@ objectives' business.
 Module tree (state_dict names, a public API; H text width, Hv visual width, V vocab_size):
     vilbert.*                       VilBertModel (model/vilbert.py)
     mlm_head.transform.{dense,norm} Linear(H, H), LayerNorm(H)
-    mlm_head.decoder.weight         (V, H): the same Parameter as vilbert.text_embeddings.token.weight
+    mlm_head.decoder.weight         (V, H): the Parameter vilbert.text_embeddings.token.weight
     mlm_head.bias                   (V,)
     region_head.transform.{dense,norm}  Linear(Hv, Hv), LayerNorm(Hv)
     region_head.classifier          Linear(Hv, C)

@@ -72,7 +72,7 @@ LR = {"lxmert": 1e-2, "visualbert": 5e-3, "vlbert": 5e-3, "vilbert": 5e-3}
 OVERFIT = {"hidden_dropout": 0.0, "attention_dropout": 0.0, "initializer_range": 0.1}
 
 
-# --- the batch: world shards + world annotations ---------------------------------------------------
+# --- the batch: world shards + world annotations --------------------------------------------------
 
 
 @dataclass
@@ -140,7 +140,8 @@ def load_world_batch(world: Path, shards: Path) -> WorldBatch:
         for answer, n in counts.items():
             scores[b, answers.index(answer)] = min(1.0, 0.3 * n)
     return WorldBatch(
-        regions=collate_regions(samples),
+        # Two padded slots past the largest image: every row has padding for the heads to mask.
+        regions=collate_regions(samples, pad_to=max(s.num_boxes for s in samples) + 2),
         captions=[captions[coco_of[vg]][0] for vg in chosen],
         questions=[q for q, _ in first_qa],
         answer_scores=scores,
@@ -162,7 +163,7 @@ def texts(tokenizer, strings: list[str]) -> dict[str, torch.Tensor]:
     return encode_texts(tokenizer, strings, LXMERT_MAX_TEXT_LENGTH)
 
 
-# --- models ----------------------------------------------------------------------------------------
+# --- models ---------------------------------------------------------------------------------------
 
 
 def encoder_config(arch: str, **changes):
@@ -194,7 +195,7 @@ def encoder(arch: str, **changes) -> torch.nn.Module:
     return cls(encoder_config(arch, **changes))
 
 
-# --- pretraining inputs and losses -----------------------------------------------------------------
+# --- pretraining inputs and losses ----------------------------------------------------------------
 
 
 @dataclass
@@ -318,7 +319,7 @@ def pretraining_blind(batch: WorldBatch, inputs: PretrainingInputs) -> dict[str,
     }
 
 
-# --- task inputs and losses ------------------------------------------------------------------------
+# --- task inputs and losses -----------------------------------------------------------------------
 
 
 @dataclass
@@ -405,7 +406,7 @@ def task_blind(batch: WorldBatch) -> dict[str, float]:
     }
 
 
-# --- helpers ---------------------------------------------------------------------------------------
+# --- helpers --------------------------------------------------------------------------------------
 
 
 def overfit(model, loss_fn, lr: float) -> tuple[dict[str, float], dict[str, float]]:
@@ -455,14 +456,14 @@ def assert_finite_grads(model, heads: dict[str, torch.nn.Module]) -> None:
                 assert p.grad is not None and p.grad.abs().sum() > 0, f"{head_name}.{name}: no grad"
 
 
-# --- tests -----------------------------------------------------------------------------------------
+# --- tests ----------------------------------------------------------------------------------------
 
 
 def test_world_batch_is_real(batch: WorldBatch):
     r = batch.regions
     assert len(r) == B and r.features.shape[-1] == FEATURE_DIM
     counts = r.region_mask.sum(1)
-    assert (counts >= 10).all() and r.features.shape[1] == counts.max()  # padded to the largest
+    assert (counts >= 10).all() and r.features.shape[1] == counts.max() + 2  # padded
     assert r.cls_probs is not None and torch.allclose(
         r.cls_probs.sum(-1)[r.region_mask.bool()], torch.ones(int(counts.sum())), atol=2e-2)
     assert all(batch.captions) and all(q.endswith("?") for q in batch.questions)
@@ -513,7 +514,8 @@ def test_pretraining_heads_overfit(arch, batch, tokenizer):
     torch.manual_seed(0)
     model = pretraining_model(arch, len(batch.answers), **OVERFIT)
     inputs = pretraining_inputs(batch, tokenizer)
-    first, last = overfit(model, lambda: pretraining_losses(arch, model, batch, inputs)[1], LR[arch])
+    first, last = overfit(
+        model, lambda: pretraining_losses(arch, model, batch, inputs)[1], LR[arch])
     blind = pretraining_blind(batch, inputs)
     probs = batch.regions.cls_probs[inputs.masked_regions]
     print(arch, {k: f"{first[k]:.3f} -> {last[k]:.3f} (blind {blind[k]:.3f})" for k in first})
@@ -535,7 +537,9 @@ def test_task_heads_shapes_and_gradients(arch, batch, tokenizer):
     assert outputs["region"].shape == (B, N)
     assert outputs["retrieval"].shape == (B, B)
     real = batch.regions.region_mask.bool()
-    assert torch.isinf(outputs["region"][~real]).all() and torch.isfinite(outputs["region"][real]).all()
+    assert (~real).any(1).all()
+    assert torch.isinf(outputs["region"][~real]).all()
+    assert torch.isfinite(outputs["region"][real]).all()
     # The pair model encodes the sentence with each image: swapping the images changes the logits.
     swapped = {k: v.flip(1) for k, v in inputs.pair_regions.items()}
     assert not torch.allclose(models["pair"](**inputs.pair_text, **swapped), outputs["pair"])
