@@ -15,5 +15,7 @@ The contract every architecture follows (model/lxmert.py, visualbert.py, vlbert.
   padded tokens and padded regions never change the outputs at real positions;
 - state_dict key names are our public API; other checkpoint formats (official LXMERT, Hugging
   Face) are mapped by explicit tables in model/checkpoints.py.
-Heads shared by the architectures live in model/heads.py.
+Heads shared by the architectures live in model/heads.py; pretraining models: LxmertForPreTraining
+in lxmert.py, the others in `<arch>_pretraining.py`; task models (QA, NLVR2 pair, multiple
+choice, region score, retrieval) for any encoder in tasks.py.
 """
