@@ -21,11 +21,10 @@ Writes to `--out`: detector.safetensors (our checkpoint format), detector_config
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 
@@ -246,7 +245,7 @@ def _crop(
         (np.maximum(boxes[:, :2], window[:2]), np.minimum(boxes[:, 2:], window[2:])), axis=1
     )
     keep = _area(clipped) >= 0.5 * _area(boxes)
-    cropped = dataclasses.replace(image, pixels=image.pixels[:, y0 : y0 + height, x0 : x0 + width])
+    cropped = replace(image, pixels=image.pixels[:, y0 : y0 + height, x0 : x0 + width])
     return cropped, keep, clipped - np.tile(window[:2], 2)
 
 
