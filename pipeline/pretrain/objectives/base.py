@@ -1,0 +1,81 @@
+"""What every objective shares: the TrainBatch it builds and BERT-style token masking."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from model.heads import IGNORE_INDEX
+from pipeline.pretrain.pairs import Pair
+from shards.schema import Sample
+
+
+@dataclass
+class TrainBatch:
+    """inputs: keyword arguments of the pretraining model's forward; targets: the labels and
+    weights its losses and metrics need; size: rows (pairs) in the batch."""
+
+    inputs: dict[str, torch.Tensor]
+    targets: dict[str, torch.Tensor]
+    size: int
+
+    def to(self, device: torch.device | str) -> TrainBatch:
+        def move(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+
+        return TrainBatch(inputs=move(self.inputs), targets=move(self.targets), size=self.size)
+
+
+class Objective:
+    """One architecture's pretraining tasks. Subclasses are module-level (they pickle to Ray
+    workers) and draw every random choice from the `rng` they are given, so a batch is a pure
+    function of its rows and the trainer's (seed, epoch, step, rank)."""
+
+    def make_batch(
+        self,
+        pairs: Sequence[Pair],
+        samples: Sequence[Sample],
+        rng: np.random.Generator,
+        *,
+        epoch: int,
+        texts: Sequence[str] | None = None,
+    ) -> TrainBatch:
+        raise NotImplementedError
+
+    def compute(
+        self, model: nn.Module, batch: TrainBatch
+    ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """Losses {"loss_<task>": scalar, weighted} and accuracies {"<task>_acc": (correct,
+        count)}, from exactly one forward of `model` (DDP needs one per backward)."""
+        raise NotImplementedError
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    maskable: torch.Tensor,
+    rng: np.random.Generator,
+    *,
+    prob: float,
+    mask_id: int,
+    vocab_size: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's masking: each maskable token is chosen with `prob`; a chosen token becomes [MASK]
+    (80%), a uniformly random vocabulary id (10%) or stays (10%), and is labelled with its id.
+
+    input_ids (B, T) long, maskable (B, T) bool (False for [CLS], [SEP], [PAD]) ->
+    (masked ids (B, T), labels (B, T) with IGNORE_INDEX where not chosen).
+    """
+    shape = tuple(input_ids.shape)
+    chosen = torch.from_numpy(rng.random(shape) < prob) & maskable
+    action = torch.from_numpy(rng.random(shape))
+    random_ids = torch.from_numpy(rng.integers(0, vocab_size, size=shape)).long()
+    masked = input_ids.clone()
+    masked[chosen & (action < 0.8)] = mask_id
+    swap = chosen & (action >= 0.8) & (action < 0.9)
+    masked[swap] = random_ids[swap]
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
+    return masked, labels
