@@ -26,6 +26,8 @@ Typical use:
   pipeline bench extract                         images/s and time per stage
   pipeline bench model --arch lxmert             training samples/s, ours against transformers
   pipeline convert model_LXRT.pth --to hf --out DIR   official LXMERT weights -> Hugging Face
+  pipeline corpus build --config configs/corpus/lxmert.yaml --root DATA --out CORPUS
+                                                 pretraining corpus from the annotation files
 Run `pipeline VERB --help` for each verb's options.
 """
 
@@ -255,6 +257,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     _config_args(train)
 
+    corpus = verbs.add_parser("corpus", help="build the pretraining corpus from annotation files")
+    corpus_verbs = corpus.add_subparsers(dest="corpus_verb", metavar="ACTION", required=True)
+    corpus_build = corpus_verbs.add_parser(
+        "build",
+        help="COCO / VG / VQA / GQA / CC3M annotations -> LXMERT-style corpus splits and answers",
+        description="Read the official annotation files named by the config, split them the "
+        "LXMERT way (train, nominival, minival held out, vgnococo, cc3m), build the answer table "
+        "from the training splits, write {split}.jsonl, answers.json, text.txt, stats.json and "
+        "corpus.yaml into --out, and print the statistics table.",
+    )
+    corpus_build.add_argument("--out", required=True, metavar="DIR", help="corpus directory")
+    corpus_build.add_argument(
+        "--root", metavar="DIR", help="folder the config's relative paths are read against "
+        "(replaces the config's root)"
+    )
+    _config_args(corpus_build)
+
     convert = verbs.add_parser(
         "convert",
         help="convert a model checkpoint between our, Hugging Face and official LXMERT formats",
@@ -272,6 +291,30 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
     _config_args(demo)
     return parser
+
+
+def run_corpus(args: argparse.Namespace) -> int:
+    """`pipeline corpus build`: the work is in pipeline/corpus/build.py."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from pipeline.config import resolve
+    from pipeline.corpus.build import build_corpus
+    from pipeline.corpus.config import CorpusConfig
+    from pipeline.corpus.sources import CorpusError
+    from pipeline.corpus.stats import format_table
+
+    config = resolve(CorpusConfig(), args.config, args.sets)
+    if args.root is not None:
+        config = replace(config, root=args.root)
+    try:
+        stats = build_corpus(config, Path(args.out))
+    except CorpusError as err:
+        print(f"pipeline corpus build: {err}", file=sys.stderr)
+        return 2
+    print(format_table(stats))
+    print(f"corpus written to {args.out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline.detector_train import run_detector_train
 
             return run_detector_train(args)
+        if args.verb == "corpus":
+            return run_corpus(args)
         if args.verb == "convert":
             from pipeline.convert import run_convert
 
