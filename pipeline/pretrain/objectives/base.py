@@ -79,3 +79,42 @@ def mask_tokens(
     masked[swap] = random_ids[swap]
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, IGNORE_INDEX))
     return masked, labels
+
+
+def check_rows(pairs: Sequence[Pair], samples: Sequence[Sample]) -> None:
+    """A batch needs rows, one sample per pair, each the pair's image (ValueError otherwise)."""
+    if not pairs:
+        raise ValueError("make_batch: no rows")
+    if len(pairs) != len(samples):
+        raise ValueError(f"make_batch: {len(pairs)} pairs but {len(samples)} samples")
+    for i, (pair, sample) in enumerate(zip(pairs, samples)):
+        if pair.image != sample.key:
+            raise ValueError(f"row {i}: pair image {pair.image!r} but sample key {sample.key!r}")
+
+
+def choose_other_rows(
+    images: Sequence[str], rows: Sequence[int], rng: np.random.Generator
+) -> list[int | None]:
+    """For each row index in `rows`, a uniformly drawn row whose image key differs from its own,
+    or None when every row of the batch shows that image. One rng draw per row that has a choice.
+
+    The negatives of matching tasks: a sentence of another image of the same batch.
+    """
+    others: dict[str, list[int]] = {}
+    chosen: list[int | None] = []
+    for i in rows:
+        key = images[i]
+        if key not in others:
+            others[key] = [j for j, other in enumerate(images) if other != key]
+        candidates = others[key]
+        chosen.append(candidates[int(rng.integers(len(candidates)))] if candidates else None)
+    return chosen
+
+
+def accuracy(
+    logits: torch.Tensor, labels: torch.Tensor, where: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(correct, count) float scalars: argmax of logits (..., C) == labels (...) where `where`."""
+    where = where.bool()
+    correct = ((logits.detach().argmax(-1) == labels) & where).sum()
+    return correct.float(), where.sum().float()

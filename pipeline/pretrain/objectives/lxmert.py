@@ -1,0 +1,375 @@
+"""LXMERT's five pretraining tasks (Tan & Bansal, 2019; REFERENCE §3), as the official code makes
+them (airsplay/lxmert: src/pretrain/lxmert_pretrain.py, lxmert_data.py, lxrt/modeling.py).
+
+make_batch, per row of the batch, in this order (every draw from the trainer's `rng`):
+1. matching: with `match_replace_prob` the sentence is replaced by the sentence of another row
+   whose image differs (the official code draws from the whole dataset; we draw from the batch),
+   label 0; otherwise label 1. A batch with a single image keeps every row matched.
+2. text: `[CLS] wordpieces [SEP]`, at most max_text_length tokens, [PAD] = 0; BERT masking of
+   `word_mask_prob` of the wordpieces of the sentence actually fed (mismatched ones too, as the
+   official code does).
+3. objects: `object_mask_prob` of the real regions are chosen; 80% get a zero feature, 10% the
+   feature of a random region of another image in the batch (official: of a random image of the
+   dataset), 10% stay. Targets: detector object / attribute ids (CE) and the original feature
+   (SmoothL1), all times `visual_loss_weight`.
+4. QA: a matched row whose pair has answers, from epoch `qa_from_epoch` on, is labelled with one
+   answer drawn with probability proportional to its score (the paper's "last 10 of 20 epochs").
+
+The object / attribute losses come in two flavours (`confidence_weighting`):
+- "official": CE weighted by the detector's confidence over EVERY real region, masked or not,
+  averaged over all B * N positions (padding weighs 0): the official code's choice;
+- "masked": CE over the masked regions only, weighted by confidence, divided by the weights' sum.
+The feature loss is always the official one: mean over all B * N positions of SmoothL1 * mask.
+
+Shapes: B rows, T tokens, N regions (the batch's largest count after `max_boxes`), D feature size,
+K answers of the row with the most answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from model.heads import (
+    IGNORE_INDEX,
+    feature_regression_loss,
+    masked_lm_loss,
+    matching_loss,
+    region_class_loss,
+)
+from pipeline.pretrain.objectives.base import (
+    Objective,
+    TrainBatch,
+    accuracy,
+    check_rows,
+    choose_other_rows,
+    mask_tokens,
+)
+from pipeline.pretrain.pairs import Pair
+from pipeline.text import encode_texts
+from shards.batch import collate_regions
+from shards.schema import Sample
+
+VISUAL_LOSSES = ("obj", "attr", "feat")
+CONFIDENCE_WEIGHTINGS = ("official", "masked")
+# Of the chosen regions: below 0.8 zeroed, below 0.9 swapped, the rest kept (BERT's split).
+_ZERO_BELOW, _SWAP_BELOW = 0.8, 0.9
+
+
+@dataclass(frozen=True)
+class LxmertObjectiveConfig:
+    """LXMERT's pretraining tasks; defaults are the paper's (REFERENCE §3).
+
+    mlm / matching / object_prediction / qa: switch each task on; a task that is off adds no
+        loss and no metric.
+    word_mask_prob: share of wordpieces masked (never [CLS], [SEP], [PAD]).
+    object_mask_prob: share of real regions masked.
+    match_replace_prob: share of rows whose sentence is replaced by another image's.
+    qa_from_epoch: first epoch (0-based) with QA labels; the paper adds QA for the last 10 of 20
+        epochs. Before it the QA loss is 0 (no row is labelled) but still present.
+    visual_losses: which object-prediction targets to learn: "obj", "attr", "feat".
+    visual_loss_weight: factor on each visual loss (1 / 0.15 officially, undoing the mean over all
+        regions of which about 15% count). With "masked" weighting the losses are already means
+        over masked regions, so this factor then makes them larger than the official ones.
+    confidence_weighting: "official" or "masked" (module docstring).
+    """
+
+    mlm: bool = True
+    matching: bool = True
+    object_prediction: bool = True
+    qa: bool = True
+    word_mask_prob: float = 0.15
+    object_mask_prob: float = 0.15
+    match_replace_prob: float = 0.5
+    qa_from_epoch: int = 10
+    visual_losses: tuple[str, ...] = VISUAL_LOSSES
+    visual_loss_weight: float = 1 / 0.15
+    confidence_weighting: str = "official"
+
+    def __post_init__(self) -> None:
+        # A YAML list arrives as a list; the frozen config keeps a tuple.
+        object.__setattr__(self, "visual_losses", tuple(self.visual_losses))
+        for name in ("word_mask_prob", "object_mask_prob", "match_replace_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+        unknown = [v for v in self.visual_losses if v not in VISUAL_LOSSES]
+        if unknown or len(set(self.visual_losses)) != len(self.visual_losses):
+            raise ValueError(
+                f"visual_losses {self.visual_losses!r}: each must be one of {VISUAL_LOSSES}, once"
+            )
+        if self.object_prediction and not self.visual_losses:
+            raise ValueError("object_prediction needs at least one of visual_losses")
+        if self.confidence_weighting not in CONFIDENCE_WEIGHTINGS:
+            raise ValueError(
+                f"confidence_weighting {self.confidence_weighting!r} not in {CONFIDENCE_WEIGHTINGS}"
+            )
+        if self.qa_from_epoch < 0:
+            raise ValueError(f"qa_from_epoch must be >= 0, got {self.qa_from_epoch}")
+
+
+def mask_regions(
+    features: torch.Tensor,
+    region_mask: torch.Tensor,
+    images: Sequence[str],
+    rng: np.random.Generator,
+    *,
+    prob: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LXMERT's object masking: each real region is chosen with `prob`; a chosen one gets a zero
+    feature (80%), the feature of a random real region of a row showing another image (10%: a
+    uniform row among those with regions, then a uniform region of it; kept when there is none)
+    or keeps its own (10%).
+
+    features (B, N, D) float, region_mask (B, N) {0, 1}, images: the B rows' image keys ->
+    (masked features (B, N, D), chosen (B, N) bool).
+    """
+    B, N = region_mask.shape
+    real = region_mask.bool()
+    chosen = torch.from_numpy(rng.random((B, N)) < prob) & real
+    action = torch.from_numpy(rng.random((B, N)))
+    masked = features.clone()
+    masked[chosen & (action < _ZERO_BELOW)] = 0.0
+    swap = chosen & (action >= _ZERO_BELOW) & (action < _SWAP_BELOW)
+    real_positions = [row.nonzero().flatten().tolist() for row in real]  # B lists of region indices
+    donors: dict[str, list[int]] = {}
+    for i, n in swap.nonzero().tolist():
+        key = images[i]
+        if key not in donors:
+            donors[key] = [j for j in range(B) if images[j] != key and real_positions[j]]
+        if not donors[key]:
+            continue
+        j = donors[key][int(rng.integers(len(donors[key])))]
+        k = real_positions[j][int(rng.integers(len(real_positions[j])))]
+        masked[i, n] = features[j, k]  # the donor's original feature, never a masked one
+    return masked, chosen
+
+
+def sample_answer(answers: dict[int, float], rng: np.random.Generator) -> int:
+    """One answer index drawn with probability proportional to its score (official: a single
+    answer is taken without a draw); all-zero scores are drawn uniformly, not divided by 0."""
+    ids = list(answers)
+    if len(ids) == 1:
+        return ids[0]
+    scores = np.asarray([answers[i] for i in ids], dtype=np.float64)
+    total = scores.sum()
+    probs = scores / total if total > 0 else np.full(len(ids), 1.0 / len(ids))
+    return ids[int(rng.choice(len(ids), p=probs))]
+
+
+class LxmertObjective(Objective):
+    """LXMERT's masked LM, matching, masked object prediction and QA, for LxmertForPreTraining.
+
+    TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
+    boxes (B, N, 4), region_mask (B, N).
+    TrainBatch.targets, present when their task is on:
+        mlm_labels (B, T) long, IGNORE_INDEX where not masked;
+        match_labels (B,) long, 1 matched / 0 not;
+        masked_regions (B, N) float, 1 where a real region was masked (the feature-loss weight);
+        obj_labels, attr_labels (B, N) long (padding -1 made 0: its weight is 0);
+        obj_weight, attr_weight (B, N) float, detector confidence (see confidence_weighting);
+        feat_target (B, N, D) float, the unmasked features;
+        qa_labels (B,) long, IGNORE_INDEX for rows without a QA label;
+        qa_answer_ids (B, K) long, -1 padded, qa_answer_scores (B, K) float: each labelled row's
+            answers and scores, for the official QA score.
+    """
+
+    def __init__(
+        self,
+        config: LxmertObjectiveConfig,
+        tokenizer,
+        *,
+        max_text_length: int,
+        max_boxes: int,
+    ) -> None:
+        if max_text_length < 2:
+            raise ValueError(
+                f"max_text_length must leave room for [CLS] and [SEP], got {max_text_length}"
+            )
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_text_length = max_text_length
+        self.max_boxes = max_boxes
+        self.special_ids = torch.tensor(
+            [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
+        )
+
+    # --- batch -----------------------------------------------------------------------------------
+
+    def make_batch(
+        self,
+        pairs: Sequence[Pair],
+        samples: Sequence[Sample],
+        rng: np.random.Generator,
+        *,
+        epoch: int,
+        texts: Sequence[str] | None = None,
+    ) -> TrainBatch:
+        """Rows (pair, its image's sample) -> TrainBatch (class docstring). `texts` is unused."""
+        check_rows(pairs, samples)
+        cfg = self.config
+        B = len(pairs)
+        images = [p.image for p in pairs]
+        inputs: dict[str, torch.Tensor] = {}
+        targets: dict[str, torch.Tensor] = {}
+
+        # 1. Matching: which sentence each row gets.
+        sentences = [p.sentence for p in pairs]
+        matched = [True] * B
+        if cfg.matching:
+            replace = rng.random(B) < cfg.match_replace_prob
+            rows = [i for i in range(B) if replace[i]]
+            for i, j in zip(rows, choose_other_rows(images, rows, rng)):
+                if j is not None:
+                    sentences[i], matched[i] = pairs[j].sentence, False
+            targets["match_labels"] = torch.tensor(matched, dtype=torch.long)
+
+        # 2. Text and word masking.
+        text = encode_texts(self.tokenizer, sentences, self.max_text_length)
+        input_ids = text["input_ids"]  # (B, T)
+        if cfg.mlm:
+            maskable = ~torch.isin(input_ids, self.special_ids) & text["attention_mask"].bool()
+            input_ids, targets["mlm_labels"] = mask_tokens(
+                input_ids,
+                maskable,
+                rng,
+                prob=cfg.word_mask_prob,
+                mask_id=self.tokenizer.mask_token_id,
+                vocab_size=len(self.tokenizer),
+            )
+        inputs.update(text, input_ids=input_ids)
+
+        # 3. Regions and object masking.
+        regions = collate_regions(samples, max_boxes=self.max_boxes)
+        features = regions.features  # (B, N, D)
+        if cfg.object_prediction:
+            features, chosen = mask_regions(
+                regions.features, regions.region_mask, images, rng, prob=cfg.object_mask_prob
+            )
+            targets["masked_regions"] = chosen.float()
+            official = cfg.confidence_weighting == "official"
+            counted = regions.region_mask.bool() if official else chosen  # (B, N)
+            if "obj" in cfg.visual_losses:
+                targets["obj_labels"] = regions.object_ids.clamp_min(0)
+                targets["obj_weight"] = regions.object_conf * counted
+            if "attr" in cfg.visual_losses:
+                targets["attr_labels"] = regions.attr_ids.clamp_min(0)
+                targets["attr_weight"] = regions.attr_conf * counted
+            if "feat" in cfg.visual_losses:
+                targets["feat_target"] = regions.features
+        inputs.update(
+            features=features, boxes=regions.boxes_xyxy_norm, region_mask=regions.region_mask
+        )
+
+        # 4. QA labels.
+        if cfg.qa:
+            targets.update(self._qa_targets(pairs, matched, rng, epoch=epoch))
+        return TrainBatch(inputs=inputs, targets=targets, size=B)
+
+    def _qa_targets(
+        self,
+        pairs: Sequence[Pair],
+        matched: Sequence[bool],
+        rng: np.random.Generator,
+        *,
+        epoch: int,
+    ) -> dict[str, torch.Tensor]:
+        labels = torch.full((len(pairs),), IGNORE_INDEX, dtype=torch.long)
+        answers: list[dict[int, float]] = [{} for _ in pairs]
+        if epoch >= self.config.qa_from_epoch:
+            for i, (pair, ok) in enumerate(zip(pairs, matched)):
+                # The official rule: no answers, answers all pruned, or a mismatched pair -> none.
+                if ok and pair.answers:
+                    labels[i] = sample_answer(pair.answers, rng)
+                    answers[i] = pair.answers
+        K = max(1, max(len(a) for a in answers))
+        ids = torch.full((len(pairs), K), -1, dtype=torch.long)
+        scores = torch.zeros(len(pairs), K)
+        for i, a in enumerate(answers):
+            ids[i, : len(a)] = torch.tensor(list(a.keys()), dtype=torch.long)
+            scores[i, : len(a)] = torch.tensor(list(a.values()), dtype=torch.float32)
+        return {"qa_labels": labels, "qa_answer_ids": ids, "qa_answer_scores": scores}
+
+    # --- losses ----------------------------------------------------------------------------------
+
+    def compute(
+        self, model: nn.Module, batch: TrainBatch
+    ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """One forward of an LxmertForPreTraining, then `losses`."""
+        return self.losses(model(**batch.inputs), batch.targets)
+
+    def losses(
+        self, out, targets: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """An LxmertPreTrainingOutput and the batch's targets -> (losses, metrics)."""
+        cfg = self.config
+        losses: dict[str, torch.Tensor] = {}
+        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if cfg.mlm:
+            logits, labels = out.lang_prediction_logits, targets["mlm_labels"]
+            losses["loss_mlm"] = masked_lm_loss(logits, labels)
+            metrics["mlm_acc"] = accuracy(logits, labels, labels != IGNORE_INDEX)
+        if cfg.matching:
+            logits, labels = out.cross_relationship_score, targets["match_labels"]
+            losses["loss_match"] = matching_loss(logits, labels)
+            metrics["match_acc"] = accuracy(logits, labels, torch.ones_like(labels))
+        if cfg.object_prediction:
+            masked = targets["masked_regions"]
+            reduction = "mean" if cfg.confidence_weighting == "official" else "weighted_mean"
+            for name, field in (("obj", "obj_logits"), ("attr", "attr_logits")):
+                if name not in cfg.visual_losses:
+                    continue
+                logits = _required(out, field)
+                labels = targets[f"{name}_labels"]
+                loss = region_class_loss(
+                    logits, labels, targets[f"{name}_weight"], reduction=reduction
+                )
+                losses[f"loss_{name}"] = loss * cfg.visual_loss_weight
+                metrics[f"{name}_acc"] = accuracy(logits, labels, masked)
+            if "feat" in cfg.visual_losses:
+                pred = _required(out, "feat_prediction")
+                # Always the official mean over all B * N positions of loss * mask.
+                loss = feature_regression_loss(
+                    pred, targets["feat_target"], masked, reduction="mean"
+                )
+                losses["loss_feat"] = loss * cfg.visual_loss_weight
+        if cfg.qa:
+            logits, labels = _required(out, "question_answering_score"), targets["qa_labels"]
+            losses["loss_qa"] = masked_lm_loss(logits, labels)
+            metrics["qa_acc"] = qa_score(
+                logits, labels, targets["qa_answer_ids"], targets["qa_answer_scores"]
+            )
+        return losses, metrics
+
+
+def qa_score(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    answer_ids: torch.Tensor,
+    answer_scores: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LXMERT's QA evaluator: (sum over labelled rows of the score of the argmax answer among the
+    row's answers (0 when it is none of them), number of labelled rows).
+
+    logits (B, A), labels (B,) (IGNORE_INDEX = unlabelled), answer_ids (B, K) -1 padded,
+    answer_scores (B, K).
+    """
+    labelled = labels != IGNORE_INDEX  # (B,)
+    pred = logits.detach().argmax(-1)  # (B,)
+    hit = (answer_ids == pred[:, None]) & (answer_ids >= 0)  # (B, K)
+    score = (answer_scores * hit).sum(-1)  # (B,)
+    return (score * labelled).sum().float(), labelled.sum().float()
+
+
+def _required(out, field: str) -> torch.Tensor:
+    value = getattr(out, field)
+    if value is None:
+        raise ValueError(
+            f"the model gives no {field} but the objective config asks for its task; "
+            "switch the task off or give the model that head"
+        )
+    return value

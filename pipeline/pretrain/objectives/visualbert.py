@@ -1,0 +1,188 @@
+"""VisualBERT's pretraining tasks (Li et al., 2019, §3.3 and appendix A): masked language
+modelling with the image, and sentence-image prediction over two captions.
+
+make_batch, per row, in this order (every draw from the trainer's `rng`):
+1. captions: c1 is the pair's sentence (a caption of its image). With `match_replace_prob` c2 is
+   a caption of another image of the batch (a uniform row with a different image, then a uniform
+   caption of that image), label 0; otherwise c2 is another caption of the same image (one
+   different from c1 when the image has one), label 1. A batch with one image keeps every row
+   matched.
+2. text: `[CLS] c1 [SEP] c2 [SEP]`, token type 0 up to the first [SEP], 1 after it; when the two
+   do not fit in max_text_length the longer caption loses its last wordpiece, repeatedly (BERT's
+   pair truncation). Without the matching task the text is `[CLS] c1 [SEP]`.
+3. BERT masking of `word_mask_prob` of the wordpieces of both captions.
+Regions are not masked (the paper: "vectors corresponding to image regions are not masked").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from model.heads import IGNORE_INDEX, masked_lm_loss, matching_loss
+from pipeline.pretrain.objectives.base import (
+    Objective,
+    TrainBatch,
+    accuracy,
+    check_rows,
+    choose_other_rows,
+    mask_tokens,
+)
+from pipeline.pretrain.pairs import Pair
+from pipeline.text import encode_texts
+from shards.batch import collate_regions
+from shards.schema import Sample
+
+
+@dataclass(frozen=True)
+class VisualBertObjectiveConfig:
+    """VisualBERT's pretraining tasks; defaults are the paper's.
+
+    mlm / matching: switch masked LM / sentence-image prediction on; a task that is off adds no
+        loss and no metric (without matching the text is the one caption c1).
+    word_mask_prob: share of wordpieces masked (never [CLS], [SEP], [PAD]).
+    match_replace_prob: share of rows whose second caption comes from another image.
+    """
+
+    mlm: bool = True
+    matching: bool = True
+    word_mask_prob: float = 0.15
+    match_replace_prob: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("word_mask_prob", "match_replace_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+class VisualBertObjective(Objective):
+    """Masked LM and sentence-image prediction, for VisualBertForPreTraining.
+
+    TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
+    boxes (B, N, 4) (VisualBERT ignores them), region_mask (B, N).
+    TrainBatch.targets, present when their task is on: mlm_labels (B, T) long, IGNORE_INDEX where
+    not masked; match_labels (B,) long, 1 when c2 also describes the image.
+    """
+
+    def __init__(
+        self,
+        config: VisualBertObjectiveConfig,
+        tokenizer,
+        *,
+        max_text_length: int,
+        max_boxes: int,
+    ) -> None:
+        # [CLS] c1 [SEP] c2 [SEP] needs three special tokens.
+        least = 3 if config.matching else 2
+        if max_text_length < least:
+            raise ValueError(f"max_text_length must be at least {least}, got {max_text_length}")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_text_length = max_text_length
+        self.max_boxes = max_boxes
+        self.special_ids = torch.tensor(
+            [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
+        )
+
+    def make_batch(
+        self,
+        pairs: Sequence[Pair],
+        samples: Sequence[Sample],
+        rng: np.random.Generator,
+        *,
+        epoch: int,
+        texts: Sequence[str] | None = None,
+    ) -> TrainBatch:
+        """Rows (pair, its image's sample) -> TrainBatch (class docstring). `epoch` and `texts`
+        are unused: every epoch is alike."""
+        check_rows(pairs, samples)
+        cfg = self.config
+        targets: dict[str, torch.Tensor] = {}
+        first = [p.sentence for p in pairs]
+        if cfg.matching:
+            second, matched = second_captions(pairs, rng, replace_prob=cfg.match_replace_prob)
+            text = self._encode_pairs(first, second)
+            targets["match_labels"] = torch.tensor(matched, dtype=torch.long)
+        else:
+            text = encode_texts(self.tokenizer, first, self.max_text_length)
+        input_ids = text["input_ids"]  # (B, T)
+        if cfg.mlm:
+            maskable = ~torch.isin(input_ids, self.special_ids) & text["attention_mask"].bool()
+            input_ids, targets["mlm_labels"] = mask_tokens(
+                input_ids,
+                maskable,
+                rng,
+                prob=cfg.word_mask_prob,
+                mask_id=self.tokenizer.mask_token_id,
+                vocab_size=len(self.tokenizer),
+            )
+        regions = collate_regions(samples, max_boxes=self.max_boxes)
+        inputs = {**text, "input_ids": input_ids, **regions.model_inputs()}
+        return TrainBatch(inputs=inputs, targets=targets, size=len(pairs))
+
+    def _encode_pairs(self, first: list[str], second: list[str]) -> dict[str, torch.Tensor]:
+        """[CLS] c1 [SEP] c2 [SEP], token types 0 / 1, padded to the longest: (B, T) long each."""
+        encoded = self.tokenizer(
+            first,
+            second,
+            padding="longest",
+            truncation="longest_first",
+            max_length=self.max_text_length,
+            return_tensors="pt",
+            return_attention_mask=True,
+            return_token_type_ids=True,
+        )
+        return {k: encoded[k].long() for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    def compute(
+        self, model: nn.Module, batch: TrainBatch
+    ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """One forward of a VisualBertForPreTraining, then `losses`."""
+        return self.losses(model(**batch.inputs), batch.targets)
+
+    def losses(
+        self, out, targets: dict[str, torch.Tensor]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+        """A VisualBertPreTrainingOutput and the batch's targets -> (losses, metrics)."""
+        losses: dict[str, torch.Tensor] = {}
+        metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self.config.mlm:
+            logits, labels = out.lang_prediction_logits, targets["mlm_labels"]
+            losses["loss_mlm"] = masked_lm_loss(logits, labels)
+            metrics["mlm_acc"] = accuracy(logits, labels, labels != IGNORE_INDEX)
+        if self.config.matching:
+            logits, labels = out.cross_relationship_score, targets["match_labels"]
+            losses["loss_match"] = matching_loss(logits, labels)
+            metrics["match_acc"] = accuracy(logits, labels, torch.ones_like(labels))
+        return losses, metrics
+
+
+def second_captions(
+    pairs: Sequence[Pair], rng: np.random.Generator, *, replace_prob: float
+) -> tuple[list[str], list[bool]]:
+    """Each row's second caption c2 and whether it describes the row's image (module docstring).
+
+    An image's captions are its pair's `image_sentences`; an image without any (a question-only
+    image) lends its pair's sentence instead.
+    """
+    B = len(pairs)
+    images = [p.image for p in pairs]
+    replace = rng.random(B) < replace_prob
+    rows = [i for i in range(B) if replace[i]]
+    donor = dict(zip(rows, choose_other_rows(images, rows, rng)))
+    second, matched = [], []
+    for i, pair in enumerate(pairs):
+        j = donor.get(i)
+        if j is not None:
+            captions = list(pairs[j].image_sentences) or [pairs[j].sentence]
+        else:
+            own = list(pair.image_sentences) or [pair.sentence]
+            captions = [c for c in own if c != pair.sentence] or own
+        second.append(captions[int(rng.integers(len(captions)))])
+        matched.append(j is None)
+    return second, matched
