@@ -14,6 +14,11 @@ from pipeline.config import ConfigError
 from pipeline.convert import DESCRIPTION as CONVERT_DESCRIPTION
 from pipeline.convert import add_convert_args
 from pipeline.datasets import READERS, DatasetError
+from pipeline.pretrain.commands import (
+    PRETRAIN_DESCRIPTION,
+    add_plot_args,
+    add_pretrain_args,
+)
 
 DESCRIPTION = """\
 The open pipeline for vision-and-language pretraining: raw images in, bottom-up-attention region
@@ -28,6 +33,9 @@ Typical use:
   pipeline convert model_LXRT.pth --to hf --out DIR   official LXMERT weights -> Hugging Face
   pipeline corpus build --config configs/corpus/lxmert.yaml --root DATA --out CORPUS
                                                  pretraining corpus from the annotation files
+  pipeline pretrain --config configs/pretrain/lxmert.yaml --out RUN --set data.corpus=CORPUS ...
+                                                 pretrain on shards + corpus (Ray Train)
+  pipeline plot RUN                              loss curves of a run as a PNG
 Run `pipeline VERB --help` for each verb's options.
 """
 
@@ -274,6 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_args(corpus_build)
 
+    pretrain = verbs.add_parser(
+        "pretrain",
+        help="pretrain LXMERT / VisualBERT / VL-BERT / ViLBERT on shards + corpus",
+        description=PRETRAIN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_pretrain_args(pretrain)
+    _config_args(pretrain)
+
+    plot = verbs.add_parser("plot", help="loss curves of a pretraining run as a PNG")
+    add_plot_args(plot)
+
     convert = verbs.add_parser(
         "convert",
         help="convert a model checkpoint between our, Hugging Face and official LXMERT formats",
@@ -350,6 +370,14 @@ def main(argv: list[str] | None = None) -> int:
             return run_detector_train(args)
         if args.verb == "corpus":
             return run_corpus(args)
+        if args.verb == "pretrain":
+            from pipeline.pretrain.commands import run_pretrain_verb
+
+            return run_pretrain_verb(args)
+        if args.verb == "plot":
+            from pipeline.pretrain.commands import run_plot_verb
+
+            return run_plot_verb(args)
         if args.verb == "convert":
             from pipeline.convert import run_convert
 

@@ -61,16 +61,22 @@ def merge(config: T, values: dict, prefix: str = "") -> T:
     """A copy of `config` with the nested mapping `values` applied field by field."""
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix or 'config'} must be a mapping, got {values!r}")
+    changes = {}
     for key, value in values.items():
         path = f"{prefix}{key}"
         field_type = _field_type(config, key, path)
         current = getattr(config, key)
         if dataclasses.is_dataclass(current) and isinstance(value, dict):
-            new = merge(current, value, prefix=f"{path}.")
+            changes[key] = merge(current, value, prefix=f"{path}.")
         else:
-            new = _coerce(value, field_type, path)
-        config = dataclasses.replace(config, **{key: new})
-    return config
+            changes[key] = _coerce(value, field_type, path)
+    # One replace per section: its checks see all of the new values together.
+    try:
+        return dataclasses.replace(config, **changes)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {err}") from err
 
 
 def set_path(config: T, path: list[str], value: Any) -> T:

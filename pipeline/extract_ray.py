@@ -128,8 +128,9 @@ class UnitDetector:
 
 
 @contextmanager
-def ray_session(address: str | None):
-    """Join the cluster at `address`, or start a fresh local Ray for this run; shut down after."""
+def ray_session(address: str | None, *, log_to_driver: bool = False):
+    """Join the cluster at `address`, or start a fresh local Ray for this run; shut down after.
+    log_to_driver: show the workers' output here (training's progress bar and messages)."""
     if address is None:
         # The embedded Ray's workers run here with this interpreter. Ray's `uv run` hook would
         # start each of them through `uv run` and upload the working directory (the hook is read
@@ -140,7 +141,7 @@ def ray_session(address: str | None):
     import ray
 
     ray.init(
-        address=address or "local", include_dashboard=False, log_to_driver=False,
+        address=address or "local", include_dashboard=False, log_to_driver=log_to_driver,
         logging_level=logging.ERROR,
     )
     try:

@@ -45,3 +45,44 @@ def world_shards(tmp_path_factory) -> WorldShards:
                  "--set", "save_class_probs=true"])
     assert code == 0, "pipeline extract failed on the generated world"
     return WorldShards(world=root, shards=out, images=WORLD_IMAGES, seed=WORLD_SEED)
+
+
+@dataclass(frozen=True)
+class PretrainWorld:
+    """A generated world made ready for pretraining the way a user does it: the corpus
+    (`pipeline corpus build`, configs/corpus/world.yaml) and the COCO and Visual Genome images
+    extracted with their datasets' readers, so shard keys are the corpus' image keys."""
+
+    world: Path
+    corpus: Path
+    shards: tuple[Path, ...]
+
+
+PRETRAIN_IMAGES = 24
+PRETRAIN_SEED = 5
+
+
+@pytest.fixture(scope="session")
+def pretrain_world(tmp_path_factory) -> PretrainWorld:
+    from pipeline.cli import main
+    from pipeline.detector_train import bundled_detector
+    from pipeline.world.generate import WorldConfig, generate_world
+
+    root = tmp_path_factory.mktemp("pretrain_world")
+    world = root / "world"
+    generate_world(WorldConfig(images=PRETRAIN_IMAGES, seed=PRETRAIN_SEED), world, progress=False)
+    corpus_config = Path(__file__).parents[1] / "configs" / "corpus" / "world.yaml"
+    code = main(["corpus", "build", "--config", str(corpus_config), "--root", str(world),
+                 "--out", str(root / "corpus"), "--set", "minival_images=2"])
+    assert code == 0, "pipeline corpus build failed on the generated world"
+    config, weights = bundled_detector()
+    shards = []
+    for dataset in ("coco", "vg"):
+        out = root / "feats" / dataset
+        code = main(["extract", "--dataset", dataset, "--root", str(world / dataset),
+                     "--out", str(out), "--config", str(config), "--weights", str(weights),
+                     "--device", "cpu", "--engine", "local", "--set", "output.shard_size=8",
+                     "--set", "save_class_probs=true"])
+        assert code == 0, f"pipeline extract --dataset {dataset} failed on the generated world"
+        shards.append(out)
+    return PretrainWorld(world=world, corpus=root / "corpus", shards=tuple(shards))
