@@ -140,9 +140,11 @@ def ray_session(address: str | None, *, log_to_driver: bool = False):
         os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
+    # Ray's own actors log warnings that are noise here (e.g. its placement group cleaner polls
+    # the State API, which needs the dashboard we do not start): keep their errors only.
     ray.init(
         address=address or "local", include_dashboard=False, log_to_driver=log_to_driver,
-        logging_level=logging.ERROR,
+        logging_level=logging.ERROR, logging_config=ray.LoggingConfig(log_level="ERROR"),
     )
     try:
         yield ray

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -185,12 +186,7 @@ class Trainer:
             if self.rank == 0:
                 print(report)
         self.module.to(self.device)
-        self.model: nn.Module = self.module
-        if self.world > 1:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.model = nn.parallel.DistributedDataParallel(
-                self.module, device_ids=ids, find_unused_parameters=True
-            )
+        self.model: nn.Module = self.module  # DistributedDataParallel from the first batch on
         optim = config.optim
         self.optimizer = torch.optim.AdamW(
             _param_groups(self.module, optim.weight_decay), lr=optim.lr, betas=optim.betas,
@@ -276,6 +272,20 @@ class Trainer:
                 yield epoch, index, rows
             epoch, micro = epoch + 1, 0
 
+    def _wrap(self, batch) -> None:
+        """DDP around the module. DDP must be told when some parameters get no gradient (a head
+        whose task is off, say), and that costs a graph walk each step, so find out first: one
+        forward and backward of the first batch, without an optimizer step, agreed over ranks."""
+        losses, _ = self._forward(batch, _seed(self.config.run.seed, 0, self.rank, 2), self.module)
+        sum(losses.values()).backward()
+        unused = any(p.requires_grad and p.grad is None for p in self.module.parameters())
+        self.optimizer.zero_grad(set_to_none=True)
+        unused = self.reducer.sum({"unused": float(unused)})["unused"] > 0
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        self.model = nn.parallel.DistributedDataParallel(
+            self.module, device_ids=ids, find_unused_parameters=unused
+        )
+
     def _batch(self, epoch: int, index: int, rows: list, *, val: bool = False):
         rng = np.random.default_rng([self.config.run.seed, epoch, index, self.rank, int(val)])
         texts = None
@@ -302,8 +312,10 @@ class Trainer:
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.log = RunLog(self.run_dir)
+        # Under Ray the bar reaches the terminal line by line: refresh it less often there.
         bar = tqdm(total=self.total_steps, initial=self.position.step, disable=self.rank != 0,
-                   desc=f"pretrain {config.arch}", unit="step", dynamic_ncols=True)
+                   desc=f"pretrain {config.arch}", unit="step", dynamic_ncols=True,
+                   mininterval=0.1 if sys.stderr.isatty() else 10.0)
         steps_per_epoch = self._steps_in_epoch(self.position.epoch)
         window_start, window_rows = time.perf_counter(), 0
         losses_sum: dict[str, float] = {}
@@ -317,6 +329,8 @@ class Trainer:
                 self.position = Position(self.position.step, epoch, 0)
                 steps_per_epoch = self._steps_in_epoch(epoch)
             batch = self._batch(epoch, index, rows)
+            if self.world > 1 and self.model is self.module:
+                self._wrap(batch)
             sync = (index + 1) % accumulation == 0
             context = self.model.no_sync() if self.world > 1 and not sync else nullcontext()
             with context:
@@ -346,7 +360,7 @@ class Trainer:
             if step % run.log_every == 0 or step == self.total_steps:
                 record = self._train_record(step, epoch, lr, losses_sum, metrics_sum,
                                             window_rows / (time.perf_counter() - window_start))
-                bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=epoch)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=epoch, refresh=False)
                 window_start, window_rows = time.perf_counter(), 0
             losses_sum, metrics_sum = {}, {}
             end_of_epoch = self.position.micro >= steps_per_epoch * accumulation

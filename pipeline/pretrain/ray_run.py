@@ -39,6 +39,8 @@ def _fit_with_ray(config: PretrainConfig, loop_config: dict, run_dir: Path, addr
     run = config.run
     use_gpu = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
     cpus = run.threads_per_worker or max(1, (os.cpu_count() or 1) // run.workers)
+    # Ray Train would also log each print of a worker, so every message would show twice.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     with ray_session(address, log_to_driver=True):
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer

@@ -1,0 +1,139 @@
+"""The pretraining loop in one process (no Ray): runs, records, checkpoints, and resumes exactly.
+
+Every architecture is run on the `pretrain_world` fixture (a generated world, its corpus and its
+COCO + Visual Genome shards). A crash is simulated by an exception raised after a step was logged;
+`--resume` must then repeat the uninterrupted run's losses step for step.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.config import ConfigError
+from pipeline.pretrain.checkpoint import checkpoint_dirs
+from pipeline.pretrain.config import load_config
+from pipeline.pretrain.logs import read_metrics
+from pipeline.pretrain.loop import Trainer
+from pipeline.pretrain.ray_run import run_pretrain
+
+CONFIGS = Path(__file__).parents[1] / "configs" / "pretrain"
+# The tiny VL-BERT / ViLBERT configs train on CC3M; the fixture world has COCO + VG shards only.
+COCO_CAPTIONS = ["data.train_splits=[train, nominival]", "data.sources=[mscoco]"]
+ARCH_SETS = {
+    "lxmert": [],
+    "visualbert": [],
+    "vlbert": COCO_CAPTIONS,
+    "vilbert": COCO_CAPTIONS,
+}
+
+
+def tiny_config(world, arch: str, *sets: str):
+    shards = ",".join(str(s) for s in world.shards)
+    return load_config(
+        CONFIGS / f"{arch}_tiny.yaml",
+        [f"data.corpus={world.corpus}", f"data.shards=[{shards}]", "run.workers=0",
+         "data.batch_size=16", "data.shuffle_buffer=200", *ARCH_SETS[arch], *sets],
+    )
+
+
+class Killed(Exception):
+    """Stands for the process dying between two steps."""
+
+
+def crash_after(monkeypatch, step: int) -> None:
+    original = Trainer._train_record
+
+    def record(self, at, *args, **kwargs):
+        out = original(self, at, *args, **kwargs)
+        if at == step:
+            raise Killed(f"killed after step {at}")
+        return out
+
+    monkeypatch.setattr(Trainer, "_train_record", record)
+
+
+def train_losses(run_dir: Path) -> dict[int, dict[str, float]]:
+    lines = [r for r in read_metrics(run_dir) if r.get("split", "train") == "train"]
+    steps = [r["step"] for r in lines]
+    assert steps == sorted(set(steps)), f"steps logged twice or out of order: {steps}"
+    return {r["step"]: {k: v for k, v in r.items() if k.startswith("loss") or k.endswith("_acc")}
+            for r in lines}
+
+
+def test_lxmert_run_records_and_learns(pretrain_world, tmp_path):
+    out = tmp_path / "run"
+    config = tiny_config(pretrain_world, "lxmert", "run.epochs=3", "run.checkpoint_every=40")
+    final = run_pretrain(config, out)
+
+    records = read_metrics(out)
+    train = [r for r in records if "split" not in r]
+    assert [r["step"] for r in train] == list(range(1, len(train) + 1))
+    tasks = {"loss_mlm", "loss_match", "loss_obj", "loss_attr", "loss_feat", "loss_qa"}
+    assert tasks <= set(train[0]) and {"step", "epoch", "loss", "lr"} <= set(train[0])
+    for r in train:
+        assert r["loss"] == pytest.approx(sum(r[t] for t in tasks))
+    first = sum(r["loss"] for r in train[:10]) / 10
+    last = sum(r["loss"] for r in train[-10:]) / 10
+    assert last < 0.8 * first, f"loss fell only from {first:.2f} to {last:.2f}"
+    val = [r for r in records if r.get("split") == "val"]
+    per_epoch = len(train) // 3
+    assert [r["step"] for r in val] == [per_epoch, 2 * per_epoch, 3 * per_epoch]  # epoch ends
+    assert {"mlm_acc", "match_acc", "obj_acc", "qa_acc"} <= set(final)
+    assert final == val[-1] and final["pairs"] > 0
+
+    # every 40 steps and at the end, the latest two kept (run.keep_checkpoints)
+    assert [p.name for p in checkpoint_dirs(out)] == [f"step_{80:08d}", f"step_{len(train):08d}"]
+    assert (out / "loss_curves.png").stat().st_size > 10_000
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    saved = load_config(out / "config.yaml")
+    assert saved.model.vocab_size == 30522 and saved.model.visual_feat_dim == 64
+    assert saved.model.num_answers == len(json.loads((pretrain_world.corpus / "answers.json").read_text()))
+
+    # The exported model is a checkpoint `pipeline convert` reads: to Hugging Face's format.
+    hf = tmp_path / "hf"
+    model_dir = checkpoint_dirs(out)[-1] / "model"
+    assert main(["convert", str(model_dir), "--to", "hf", "--out", str(hf)]) == 0
+    assert json.loads((hf / "config.json").read_text())["model_type"] == "lxmert"
+
+
+@pytest.mark.parametrize("arch", ["lxmert", "visualbert", "vlbert", "vilbert"])
+def test_resume_repeats_the_uninterrupted_run(pretrain_world, tmp_path, monkeypatch, arch):
+    sets = ["run.max_steps=30", "run.epochs=100", "run.val_every=30", "run.checkpoint_every=10",
+            "data.batch_size=32"]
+    whole = tmp_path / "whole"
+    run_pretrain(tiny_config(pretrain_world, arch, *sets), whole)
+
+    broken = tmp_path / "broken"
+    crash_after(monkeypatch, 15)
+    with pytest.raises(Killed):
+        run_pretrain(tiny_config(pretrain_world, arch, *sets), broken)
+    monkeypatch.undo()
+    assert max(train_losses(broken)) == 15
+    assert [p.name for p in checkpoint_dirs(broken)] == [f"step_{10:08d}"]
+    run_pretrain(tiny_config(pretrain_world, arch, *sets), broken, resume=True)
+
+    expected, got = train_losses(whole), train_losses(broken)
+    assert sorted(got) == list(range(1, 31))  # no step twice, none missing
+    for step in range(11, 31):  # the 20 steps after the checkpoint
+        assert got[step] == expected[step], f"{arch}: step {step} differs after resume"
+    val_whole = [r for r in read_metrics(whole) if r.get("split") == "val"][-1]
+    val_broken = [r for r in read_metrics(broken) if r.get("split") == "val"][-1]
+    assert val_broken == val_whole
+
+
+def test_cli_errors(pretrain_world, tmp_path, capsys):
+    shards = ",".join(str(s) for s in pretrain_world.shards)
+    base = ["pretrain", "--config", str(CONFIGS / "lxmert_tiny.yaml"), "--out", str(tmp_path / "r"),
+            "--set", f"data.corpus={pretrain_world.corpus}", "--set", f"data.shards=[{shards}]"]
+    assert main([*base, "--set", "objective.word_mask_probability=0.2"]) == 2
+    assert "did you mean 'objective.word_mask_prob'" in capsys.readouterr().err
+    assert main([*base, "--set", "model.hidden_size=30"]) == 2
+    assert "hidden_size 30 is not a multiple of num_heads 4" in capsys.readouterr().err
+    assert main([*base, "--set", "data.batch_size=15", "--workers", "2"]) == 2
+    assert "multiple of run.workers x optim.accumulation = 2" in capsys.readouterr().err
+    assert main([*base[:5], "--resume"]) == 2
+    assert "nothing to resume" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="arch must be one of"):
+        load_config(CONFIGS / "lxmert_tiny.yaml", ["arch=bert"])
