@@ -95,7 +95,14 @@ class MaskedLMHead(nn.Module):
         self.decoder.weight = word_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
-    def forward(self, text_hidden: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, text_hidden: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """positions: optional (B, T) bool. Given, only those tokens are scored: (M, V) logits
+        in row-major order of the True entries (labels[positions] line up with them). The vocabulary
+        projection is most of a small model's pretraining cost, and only masked tokens need it."""
+        if positions is not None:
+            text_hidden = text_hidden[positions]  # (M, H)
         return self.decoder(self.transform(text_hidden)) + self.bias
 
 
