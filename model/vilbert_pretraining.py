@@ -38,9 +38,11 @@ from model.vilbert import VilBertAttentions, VilBertConfig, VilBertModel
 class VilBertPreTrainingOutput:
     """VilBertOutput's fields and the heads' scores.
 
-    lang_prediction_logits (B, T, V); region_class_logits (B, N, C) for the input regions (the
-    global image region excluded); cross_relationship_score (B, 2): the alignment prediction
-    (named as LXMERT's matching score, the same question).
+    lang_prediction_logits (B, T, V), or (M, V) when forward was given mlm_positions: one row per
+    True entry of mlm_positions (B, T), in row-major order, so labels[mlm_positions] line up with
+    them; region_class_logits (B, N, C) for the input regions (the global image region
+    excluded); cross_relationship_score (B, 2): the alignment prediction (named as LXMERT's
+    matching score, the same question).
     """
 
     text_hidden: torch.Tensor  # (B, T, H)
@@ -86,9 +88,15 @@ class VilBertForPreTraining(nn.Module):
         boxes: torch.Tensor,
         region_mask: torch.Tensor,
         image_feature: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VilBertPreTrainingOutput:
-        """Inputs as VilBertModel.forward."""
+        """Inputs as VilBertModel.forward.
+
+        mlm_positions: optional (B, T) bool, the tokens to score with the vocabulary (the masked
+        ones): lang_prediction_logits is then (M, V) for its M True entries instead of (B, T, V).
+        The vocabulary projection is most of a small model's step; None scores every token.
+        """
         out = self.vilbert(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -106,7 +114,8 @@ class VilBertForPreTraining(nn.Module):
             visual_mask=out.visual_mask,
             pooled=out.pooled,
             pooled_visual=out.pooled_visual,
-            lang_prediction_logits=self.mlm_head(out.text_hidden),  # (B, T, V)
+            lang_prediction_logits=self.mlm_head(  # (B, T, V) or (M, V)
+                out.text_hidden, positions=mlm_positions),
             region_class_logits=self.region_head(out.visual_hidden[:, 1:]),  # (B, N, C)
             cross_relationship_score=self.align_head(aligned),  # (B, 2)
             attentions=out.attentions,

@@ -262,12 +262,14 @@ def test_compute_equals_the_hand_computed_losses(tokenizer):
         "region_targets": probs,
         "align_labels": torch.tensor([1, 0, 1]),
     }
-    batch = TrainBatch(inputs=inputs, targets=targets, size=3)
+    # as make_batch does: the vocabulary scores only the chosen tokens
+    positions = targets["mlm_labels"] != I
+    batch = TrainBatch(inputs={**inputs, "mlm_positions": positions}, targets=targets, size=3)
     model = tiny_model(tokenizer).eval()
     losses, metrics = objective(tokenizer).compute(model, batch)
 
     with torch.no_grad():
-        out = model(**inputs)
+        out = model(**inputs)  # every token scored: (B, T, V)
     word = out.lang_prediction_logits.log_softmax(-1)
     region = out.region_class_logits.log_softmax(-1)  # (B, N, C): the global region left out
     assert region.shape[1] == 3
@@ -315,3 +317,53 @@ def test_losses_are_finite_and_fall_on_a_fixed_batch(tokenizer):
     # (tiny model, 8 rows: region KL and alignment fall more slowly than the text's loss)
     for name, bound in (("loss_mlm", 0.2), ("loss_mrm", 0.75), ("loss_align", 0.75)):
         assert last[name] < bound * first[name], (name, first[name], last[name])
+
+
+def without_positions(batch: TrainBatch) -> TrainBatch:
+    """The same batch, its model scoring every token (B, T, V)."""
+    inputs = {k: v for k, v in batch.inputs.items() if k != "mlm_positions"}
+    return TrainBatch(inputs=inputs, targets=batch.targets, size=batch.size)
+
+
+def test_scoring_only_labelled_tokens_changes_no_loss_or_accuracy(tokenizer):
+    """mlm_positions: (M, V) logits, the full ones at those tokens; same losses and accuracies."""
+    pairs, samples = fake_rows(8, seed=10, boxes=(2, 8))
+    build = objective(tokenizer)
+    batch = build.make_batch(pairs, samples, np.random.default_rng(1), epoch=0)
+    labels, positions = batch.targets["mlm_labels"], batch.inputs["mlm_positions"]
+    assert torch.equal(positions, labels != IGNORE_INDEX) and positions.any()
+    model = tiny_model(tokenizer, seed=3).eval()
+    # a trained-looking model: argmax right on some tokens, so accuracy is not trivially 0
+    with torch.no_grad():
+        model.mlm_head.bias[labels[positions][:3]] += 5.0
+        scored = model(**batch.inputs).lang_prediction_logits
+        full = model(**without_positions(batch).inputs).lang_prediction_logits
+    assert scored.shape == (int(positions.sum()), len(tokenizer))
+    torch.testing.assert_close(scored, full[positions])
+    losses, metrics = build.compute(model, batch)
+    expected_losses, expected_metrics = build.compute(model, without_positions(batch))
+    assert set(losses) == set(expected_losses) == {"loss_mlm", "loss_mrm", "loss_align"}
+    for name, value in expected_losses.items():
+        torch.testing.assert_close(losses[name], value, rtol=1e-6, atol=1e-6)
+    assert float(metrics["mlm_acc"][0]) > 0
+    for name, (correct, count) in expected_metrics.items():
+        assert [float(x) for x in metrics[name]] == [float(correct), float(count)], name
+    # without masked LM the model is not asked to restrict anything
+    assert "mlm_positions" not in objective(tokenizer, mlm=False).make_batch(
+        pairs, samples, np.random.default_rng(1), epoch=0).inputs
+
+
+def test_no_labelled_token_gives_zero_mlm_loss_and_keeps_the_head_in_the_graph(tokenizer):
+    pairs, samples = fake_rows(4, seed=11, boxes=(2, 6))
+    build = objective(tokenizer, word_mask_prob=0.0, region_mask_prob=1.0)
+    batch = build.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
+    assert not batch.inputs["mlm_positions"].any()
+    model = tiny_model(tokenizer)
+    losses, metrics = build.compute(model, batch)
+    assert float(losses["loss_mlm"].detach()) == 0.0
+    assert [float(x) for x in metrics["mlm_acc"]] == [0.0, 0.0]
+    sum(losses.values()).backward()
+    # the MLM head gets a (zero) gradient, as in a batch with masked tokens: DDP finds it used
+    assert all(p.grad is not None for p in model.mlm_head.parameters())
+    assert not model.mlm_head.transform.dense.weight.grad.any()
+    assert model.region_head.classifier.weight.grad.abs().sum() > 0

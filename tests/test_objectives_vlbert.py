@@ -268,14 +268,16 @@ def test_compute_equals_the_hand_computed_losses(tokenizer):
         "region_labelled": labelled,
         "region_targets": probs,
     }
-    batch = TrainBatch(inputs=inputs, targets=targets, size=2)
+    # as make_batch does: the vocabulary scores only the labelled tokens of both tasks
+    positions = (targets["mlm_labels"] != I) | (targets["text_mlm_labels"] != I)
+    batch = TrainBatch(inputs={**inputs, "mlm_positions": positions}, targets=targets, size=2)
     model = tiny_model(tokenizer).eval()
     objective = VlBertObjective(VlBertObjectiveConfig(), tokenizer, max_text_length=MAX_TEXT,
                                 max_boxes=MAX_BOXES)
     losses, metrics = objective.compute(model, batch)
 
     with torch.no_grad():
-        out = model(**inputs)
+        out = model(**inputs)  # every token scored: (B, T, V)
     word = out.lang_prediction_logits.log_softmax(-1)
     region = out.region_class_logits.log_softmax(-1)
     mlm = [-word[0, 1, dog], -word[1, 2, cat], -word[1, 3, mat]]
@@ -320,3 +322,63 @@ def test_losses_are_finite_and_fall_on_a_fixed_batch(tokenizer):
     for name in first:
         least = floor.get(name, 0.0)
         assert last[name] - least < 0.5 * (first[name] - least), (name, first, last, floor)
+
+
+def without_positions(batch: TrainBatch) -> TrainBatch:
+    """The same batch, its model scoring every token (B, T, V)."""
+    inputs = {k: v for k, v in batch.inputs.items() if k != "mlm_positions"}
+    return TrainBatch(inputs=inputs, targets=batch.targets, size=batch.size)
+
+
+def test_scoring_only_labelled_tokens_changes_no_loss_or_accuracy(tokenizer):
+    """mlm_positions: (M, V) logits, the full ones at those tokens; same losses and accuracies."""
+    pairs, samples = fake_rows(8, seed=10, boxes=(2, 8))
+    objective = VlBertObjective(VlBertObjectiveConfig(), tokenizer, max_text_length=MAX_TEXT,
+                                max_boxes=MAX_BOXES)
+    batch = objective.make_batch(pairs, samples, np.random.default_rng(1), epoch=0,
+                                 texts=fake_texts(4, seed=2))
+    t = batch.targets
+    positions = batch.inputs["mlm_positions"]
+    union = (t["mlm_labels"] != IGNORE_INDEX) | (t["text_mlm_labels"] != IGNORE_INDEX)
+    assert torch.equal(positions, union)
+    assert (t["mlm_labels"][positions] != IGNORE_INDEX).any()  # both tasks have tokens
+    assert (t["text_mlm_labels"][positions] != IGNORE_INDEX).any()
+    model = tiny_model(tokenizer, seed=3).eval()
+    # a trained-looking model: argmax right on some tokens, so accuracy is not trivially 0
+    with torch.no_grad():
+        model.mlm_head.bias[t["mlm_labels"][positions][:3]] += 5.0
+        scored = model(**batch.inputs).lang_prediction_logits
+        full = model(**without_positions(batch).inputs).lang_prediction_logits
+    assert scored.shape == (int(positions.sum()), len(tokenizer))
+    torch.testing.assert_close(scored, full[positions])
+    losses, metrics = objective.compute(model, batch)
+    expected_losses, expected_metrics = objective.compute(model, without_positions(batch))
+    assert set(losses) == set(expected_losses) == {"loss_mlm", "loss_text_mlm", "loss_mvrc"}
+    for name, value in expected_losses.items():
+        torch.testing.assert_close(losses[name], value, rtol=1e-6, atol=1e-6)
+    assert float(metrics["mlm_acc"][0]) > 0
+    for name, (correct, count) in expected_metrics.items():
+        assert [float(x) for x in metrics[name]] == [float(correct), float(count)], name
+    # without either masked LM the model is not asked to restrict anything
+    off = VlBertObjective(VlBertObjectiveConfig(mlm=False, text_mlm=False), tokenizer,
+                          max_text_length=MAX_TEXT, max_boxes=MAX_BOXES)
+    assert "mlm_positions" not in off.make_batch(pairs, samples, np.random.default_rng(1),
+                                                 epoch=0, texts=fake_texts(4, seed=2)).inputs
+
+
+def test_no_labelled_token_gives_zero_mlm_losses_and_keeps_the_head_in_the_graph(tokenizer):
+    pairs, samples = fake_rows(4, seed=11, boxes=(2, 6))
+    objective = VlBertObjective(VlBertObjectiveConfig(word_mask_prob=0.0, region_mask_prob=1.0),
+                                tokenizer, max_text_length=MAX_TEXT, max_boxes=MAX_BOXES)
+    batch = objective.make_batch(pairs, samples, np.random.default_rng(0), epoch=0,
+                                 texts=fake_texts(2))
+    assert not batch.inputs["mlm_positions"].any()
+    model = tiny_model(tokenizer)
+    losses, metrics = objective.compute(model, batch)
+    assert float(losses["loss_mlm"].detach()) == float(losses["loss_text_mlm"].detach()) == 0.0
+    assert [float(x) for x in metrics["mlm_acc"]] == [0.0, 0.0]
+    sum(losses.values()).backward()
+    # the MLM head gets a (zero) gradient, as in a batch with masked tokens: DDP finds it used
+    assert all(p.grad is not None for p in model.mlm_head.parameters())
+    assert not model.mlm_head.transform.dense.weight.grad.any()
+    assert model.region_head.classifier.weight.grad.abs().sum() > 0

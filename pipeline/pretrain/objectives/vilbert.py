@@ -116,7 +116,8 @@ class VilBertObjective(Objective):
         """B rows, one per pair (`texts` is not used: ViLBERT has no text-only task).
 
         inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D) with the
-        zeroed regions, boxes (B, N, 4), region_mask (B, N).
+        zeroed regions, boxes (B, N, 4), region_mask (B, N); mlm_positions (B, T) bool, the
+        chosen tokens (only they are scored with the vocabulary), when mlm.
         targets: mlm_labels (B, T) (IGNORE_INDEX where not chosen); region_labelled (B, N) bool
         (the M chosen regions) and region_targets (M, 1601), row-major order, when mrm;
         align_labels (B,) long 1 aligned / 0 not, when align.
@@ -149,6 +150,8 @@ class VilBertObjective(Objective):
             "boxes": regions.boxes_xyxy_norm,
             "region_mask": regions.region_mask,
         }
+        if c.mlm:
+            inputs["mlm_positions"] = mlm_labels != IGNORE_INDEX  # (B, T)
         targets = {"mlm_labels": mlm_labels}
         if c.mrm:
             targets["region_labelled"] = labelled
@@ -179,15 +182,21 @@ class VilBertObjective(Objective):
     ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """loss_mlm (mean cross-entropy over the chosen tokens), loss_mrm (KL to the detector's
         distribution, mean over the chosen regions), loss_align (cross-entropy, mean over rows);
-        mlm_acc, mrm_acc, align_acc. A task with nothing to score gives 0 and (0, 0)."""
+        mlm_acc, mrm_acc, align_acc. A task with nothing to score gives 0 and (0, 0).
+
+        With inputs["mlm_positions"] the model scores only those M tokens, (M, V), and the
+        labels are taken at the same positions: the values are those of full (B, T, V) logits;
+        M = 0 gives 0 with the head still in the graph (DDP)."""
         c, t = self.config, batch.targets
         out = model(**batch.inputs)
         losses: dict[str, torch.Tensor] = {}
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if c.mlm:
-            losses["loss_mlm"] = masked_lm_loss(out.lang_prediction_logits, t["mlm_labels"])
-            metrics["mlm_acc"] = accuracy(out.lang_prediction_logits, t["mlm_labels"],
-                                          t["mlm_labels"] != IGNORE_INDEX)
+            positions = batch.inputs.get("mlm_positions")  # (B, T) bool or None
+            labels = t["mlm_labels"] if positions is None else t["mlm_labels"][positions]
+            word_logits = out.lang_prediction_logits  # (M, V), or (B, T, V) without positions
+            losses["loss_mlm"] = masked_lm_loss(word_logits, labels)
+            metrics["mlm_acc"] = accuracy(word_logits, labels, labels != IGNORE_INDEX)
         if c.mrm:
             logits = out.region_class_logits[t["region_labelled"]]  # (M, C)
             losses["loss_mrm"] = soft_region_loss(kl_divergence_loss, logits, t["region_targets"])

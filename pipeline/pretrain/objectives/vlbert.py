@@ -110,7 +110,8 @@ class VlBertObjective(Objective):
 
         inputs: input_ids, attention_mask, token_type_ids (B + P, T); features (B + P, N, D),
         boxes (B + P, N, 4), region_mask (B + P, N) (passage rows: all 0); masked_regions
-        (B + P, N) bool, when mvrc.
+        (B + P, N) bool, when mvrc; mlm_positions (B + P, T) bool, the tokens labelled for either
+        masked LM (only they are scored with the vocabulary), when mlm or text_mlm.
         targets: mlm_labels (B + P, T) (caption rows only, else IGNORE_INDEX), text_mlm_labels
         (B + P, T) (passage rows only), region_labelled (B + P, N) bool (the M RoIs to classify),
         region_targets (M, 1601): their detector distributions, row-major order.
@@ -154,6 +155,8 @@ class VlBertObjective(Objective):
             "mlm_labels": torch.where(is_caption[:, None], labels, ignore),
             "text_mlm_labels": torch.where(is_caption[:, None], ignore, labels),
         }
+        if c.mlm or c.text_mlm:
+            inputs["mlm_positions"] = labels != IGNORE_INDEX  # (B + P, T): both tasks' tokens
         if c.mvrc:
             inputs["masked_regions"] = pad_rows(replaced, P)
             targets["region_labelled"] = pad_rows(labelled, P)
@@ -165,17 +168,25 @@ class VlBertObjective(Objective):
     ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """loss_mlm / loss_text_mlm (mean cross-entropy over each one's labelled tokens),
         loss_mvrc (soft cross-entropy, mean over the chosen RoIs); mlm_acc, text_mlm_acc,
-        mvrc_acc. A task with nothing to score in this batch gives 0 and (0, 0)."""
+        mvrc_acc. A task with nothing to score in this batch gives 0 and (0, 0).
+
+        With inputs["mlm_positions"] the model scores only those M tokens, (M, V); each task's
+        labels are taken at the same positions, so the caption rows' and the passages' entries
+        split by their own labels (IGNORE_INDEX at the other task's tokens). The values are those
+        of full (B + P, T, V) logits; M = 0 gives 0 with the head still in the graph (DDP)."""
         c, t = self.config, batch.targets
         out = model(**batch.inputs)
+        positions = batch.inputs.get("mlm_positions")  # (B + P, T) bool or None
+        word_logits = out.lang_prediction_logits  # (M, V), or (B + P, T, V) without positions
         losses: dict[str, torch.Tensor] = {}
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for task, enabled in (("mlm", c.mlm), ("text_mlm", c.text_mlm)):
             if enabled:
                 labels = t[f"{task}_labels"]
-                losses[f"loss_{task}"] = masked_lm_loss(out.lang_prediction_logits, labels)
-                metrics[f"{task}_acc"] = accuracy(out.lang_prediction_logits, labels,
-                                                  labels != IGNORE_INDEX)
+                if positions is not None:
+                    labels = labels[positions]  # (M,), lined up with the logits
+                losses[f"loss_{task}"] = masked_lm_loss(word_logits, labels)
+                metrics[f"{task}_acc"] = accuracy(word_logits, labels, labels != IGNORE_INDEX)
         if c.mvrc:
             logits = out.region_class_logits[t["region_labelled"]]  # (M, C)
             losses["loss_mvrc"] = soft_region_loss(soft_cross_entropy, logits, t["region_targets"])
