@@ -1,6 +1,7 @@
 """LXMERT's pretraining objective: masking statistics, labels, matching, object masking, QA
-labels, the two confidence weightings against a hand computation, determinism, and a tiny
-LxmertForPreTraining whose losses fall on a fixed batch."""
+labels, the masked LM and the two confidence weightings against a hand computation, determinism,
+the masked LM scored at the masked tokens only equal to the full-vocabulary scoring of every
+token, and a tiny LxmertForPreTraining whose losses fall on a fixed batch."""
 
 import dataclasses
 import math
@@ -9,9 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from model.heads import IGNORE_INDEX
+from model.heads import IGNORE_INDEX, masked_lm_loss
 from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertPreTrainingOutput
+from pipeline.pretrain.objectives.base import accuracy
 from pipeline.pretrain.objectives.lxmert import LxmertObjective, LxmertObjectiveConfig
+from pipeline.pretrain.objectives.masked_lm import masked_lm_terms
 from pipeline.pretrain.pairs import Pair
 from pipeline.text import encode_texts, load_tokenizer
 from shards.schema import Sample, make_key
@@ -110,6 +113,8 @@ def test_word_masking_statistics_and_labels(tokenizer, big):
         torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]),
     )
     chosen = labels != IGNORE_INDEX
+    # The model is told to score exactly the chosen tokens.
+    assert torch.equal(batch.inputs["mlm_positions"], chosen)
     # Never [CLS], [SEP] or [PAD]; every row starts with [CLS] and holds one [SEP].
     assert not (chosen & (special | ~attention)).any()
     assert (ids[:, 0] == tokenizer.cls_token_id).all()
@@ -252,13 +257,17 @@ def smooth_l1(a: float, b: float) -> float:
 
 
 def hand_outputs(batch, seed=0) -> LxmertPreTrainingOutput:
+    """Random outputs shaped as the model gives them for `batch`: MLM logits (M, V) for the M
+    masked tokens (none without the MLM task)."""
     g = torch.Generator().manual_seed(seed)
     B, T = batch.inputs["input_ids"].shape
     N = batch.inputs["features"].shape[1]
+    positions = batch.inputs.get("mlm_positions")
+    M = 0 if positions is None else int(positions.sum())
     return LxmertPreTrainingOutput(
         text_hidden=torch.zeros(B, T, 1), visual_hidden=torch.zeros(B, N, 1),
         pooled=torch.zeros(B, 1),
-        lang_prediction_logits=torch.randn(B, T, 30522, generator=g),
+        lang_prediction_logits=torch.randn(M, 30522, generator=g),
         cross_relationship_score=torch.randn(B, 2, generator=g),
         obj_logits=torch.randn(B, N, NUM_OBJECTS, generator=g),
         attr_logits=torch.randn(B, N, NUM_ATTRIBUTES, generator=g),
@@ -327,6 +336,90 @@ def test_visual_losses_and_qa_score_by_hand(tokenizer):
     got = metrics["qa_acc"]
     assert float(got[0]) == pytest.approx(score) and float(got[1]) == rows
 
+    # MLM: logit row m belongs to the m-th masked token in row-major order.
+    mlm_labels = batch.targets["mlm_labels"]
+    masked_tokens = (mlm_labels != IGNORE_INDEX).nonzero().tolist()
+    assert len(masked_tokens) > 5
+    total, correct = 0.0, 0
+    for m, (b, t) in enumerate(masked_tokens):
+        label, row = int(mlm_labels[b, t]), out.lang_prediction_logits[m]
+        total += ce(row.tolist(), label)
+        correct += int(row.argmax()) == label
+    assert float(losses["loss_mlm"]) == pytest.approx(total / len(masked_tokens), rel=1e-5)
+    assert [float(x) for x in metrics["mlm_acc"]] == [correct, len(masked_tokens)]
+
+
+def tiny_model(tokenizer, seed=0) -> LxmertForPreTraining:
+    torch.manual_seed(seed)
+    config = dataclasses.replace(
+        LxmertConfig.tiny(), vocab_size=len(tokenizer), visual_feat_dim=DIM,
+        hidden_dropout=0.0, attention_dropout=0.0,
+    )
+    return LxmertForPreTraining(config).eval()
+
+
+def test_mlm_at_masked_positions_equals_full_vocabulary_scoring(tokenizer):
+    model = tiny_model(tokenizer)
+    pairs, samples = make_rows(4, 2, seed=5, max_regions=10)
+    obj = objective(tokenizer, qa_from_epoch=0)
+    batch = obj.make_batch(pairs, samples, np.random.default_rng(3), epoch=0)
+    labels = batch.targets["mlm_labels"]
+    positions = batch.inputs["mlm_positions"]
+    assert 5 < int(positions.sum()) < positions.numel()
+
+    losses, metrics = obj.compute(model, batch)
+    grads = torch.autograd.grad(sum(losses.values()), list(model.parameters()))
+    losses = {k: v.detach() for k, v in losses.items()}
+    # The reference: every token scored, the formulas the objective used before.
+    full_inputs = {k: v for k, v in batch.inputs.items() if k != "mlm_positions"}
+    full = model(**full_inputs)
+    B, T = labels.shape
+    assert full.lang_prediction_logits.shape == (B, T, len(tokenizer))
+    reference = masked_lm_loss(full.lang_prediction_logits, labels).detach()
+    assert float(losses["loss_mlm"]) == pytest.approx(float(reference), rel=1e-6)
+    want_acc = accuracy(full.lang_prediction_logits, labels, positions)
+    assert [float(x) for x in metrics["mlm_acc"]] == [float(x) for x in want_acc]
+    # The scored logits are the full ones at the masked tokens, in row-major order.
+    with torch.no_grad():
+        scored = model(**batch.inputs).lang_prediction_logits
+    torch.testing.assert_close(
+        scored, full.lang_prediction_logits.detach()[positions], rtol=1e-5, atol=1e-5
+    )
+    # ...and the training step is the same: the other losses as they were, the same gradients.
+    full_losses, _ = obj.losses(full, batch.targets)  # (B, T, V) logits are accepted too
+    full_grads = torch.autograd.grad(sum(full_losses.values()), list(model.parameters()))
+    assert set(full_losses) == ALL_LOSSES
+    for k in ALL_LOSSES:
+        assert float(losses[k]) == pytest.approx(float(full_losses[k].detach()), rel=1e-6), k
+    for got, want in zip(grads, full_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_nothing_masked_gives_zero_mlm_loss_that_reaches_the_head(tokenizer):
+    model = tiny_model(tokenizer)
+    pairs, samples = make_rows(3, 1, seed=2, max_regions=5)
+    obj = objective(tokenizer, word_mask_prob=0.0)
+    batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
+    assert not batch.inputs["mlm_positions"].any()
+    out = model(**batch.inputs)
+    assert out.lang_prediction_logits.shape == (0, len(tokenizer))
+    losses, metrics = obj.losses(out, batch.targets)
+    assert float(losses["loss_mlm"].detach()) == 0.0
+    assert [float(x) for x in metrics["mlm_acc"]] == [0.0, 0.0]
+    losses["loss_mlm"].backward()
+    # Zero gradients, but gradients: DDP expects every rank to reduce the head's parameters.
+    for name, p in model.mlm_head.named_parameters():
+        assert p.grad is not None and not p.grad.any(), name
+
+
+def test_masked_lm_terms_rejects_logits_of_another_shape():
+    labels = torch.full((2, 5), IGNORE_INDEX)
+    labels[0, 1], labels[1, 3] = 4, 7
+    with pytest.raises(ValueError, match="neither"):
+        masked_lm_terms(torch.zeros(3, 10), labels)  # 3 rows for 2 masked tokens
+    with pytest.raises(ValueError, match="neither"):
+        masked_lm_terms(torch.zeros(2, 4, 10), labels)  # (B, T', V) with T' != T
+
 
 def test_disabled_tasks_give_no_keys(tokenizer):
     pairs, samples = make_rows(4, 2)
@@ -334,6 +427,7 @@ def test_disabled_tasks_give_no_keys(tokenizer):
     assert obj.config.visual_losses == ("feat",)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=10)
     assert set(batch.targets) == {"match_labels", "masked_regions", "feat_target"}
+    assert "mlm_positions" not in batch.inputs  # the model then scores every token, unused
     losses, metrics = obj.losses(hand_outputs(batch), batch.targets)
     assert set(losses) == {"loss_match", "loss_feat"} and set(metrics) == {"match_acc"}
     off = objective(tokenizer, matching=False, object_prediction=False)

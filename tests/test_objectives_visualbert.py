@@ -1,5 +1,6 @@
 """VisualBERT's pretraining objective: second-caption choice and labels, token types, pair
-truncation, masking statistics on both captions, determinism, and a tiny
+truncation, masking statistics on both captions, determinism, the masked LM scored at the masked
+tokens only equal to the full-vocabulary scoring of every token, and a tiny
 VisualBertForPreTraining whose losses fall on a fixed batch."""
 
 import math
@@ -8,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from model.heads import IGNORE_INDEX
+from model.heads import IGNORE_INDEX, masked_lm_loss, matching_loss
 from model.visualbert import VisualBertConfig
 from model.visualbert_pretraining import VisualBertForPreTraining, VisualBertPreTrainingOutput
+from pipeline.pretrain.objectives.base import accuracy
 from pipeline.pretrain.objectives.visualbert import (
     VisualBertObjective,
     VisualBertObjectiveConfig,
@@ -133,6 +135,7 @@ def test_token_types_and_masking_on_both_captions(tokenizer, big):
         torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]),
     )
     chosen = labels != IGNORE_INDEX
+    assert torch.equal(batch.inputs["mlm_positions"], chosen)  # what the model is told to score
     assert not (chosen & (special | ~attention)).any()
     assert torch.equal(ids[~chosen], original[~chosen])
     for segment in (0, 1):
@@ -193,9 +196,10 @@ def test_disabled_tasks_give_no_keys(tokenizer):
     assert ((unmasked_ids(batch) == tokenizer.sep_token_id).sum(1) == 1).all()
     assert (batch.inputs["token_type_ids"] == 0).all()
     B, T = batch.inputs["input_ids"].shape
+    M = int(batch.inputs["mlm_positions"].sum())
     out = VisualBertPreTrainingOutput(
         text_hidden=torch.zeros(B, T, 1), visual_hidden=torch.zeros(B, 1, 1),
-        pooled=torch.zeros(B, 1), lang_prediction_logits=torch.randn(B, T, len(tokenizer)),
+        pooled=torch.zeros(B, 1), lang_prediction_logits=torch.randn(M, len(tokenizer)),
         cross_relationship_score=torch.randn(B, 2),
     )
     losses, metrics = obj.losses(out, batch.targets)
@@ -203,6 +207,7 @@ def test_disabled_tasks_give_no_keys(tokenizer):
     no_mlm = objective(tokenizer, mlm=False)
     batch = no_mlm.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
     assert set(batch.targets) == {"match_labels"}
+    assert "mlm_positions" not in batch.inputs  # the model then scores every token, unused
     assert not (batch.inputs["input_ids"] == tokenizer.mask_token_id).any()
 
 
@@ -213,15 +218,68 @@ def test_config_errors(tokenizer):
         objective(tokenizer, max_text_length=2)
 
 
-def test_tiny_model_losses_fall(tokenizer):
-    torch.manual_seed(0)
+def tiny_model(seed=0) -> VisualBertForPreTraining:
+    torch.manual_seed(seed)
     config = VisualBertConfig.tiny(visual_feat_dim=DIM, hidden_dropout=0.0, attention_dropout=0.0)
-    model = VisualBertForPreTraining(config)
+    return VisualBertForPreTraining(config)
+
+
+def test_mlm_at_masked_positions_equals_full_vocabulary_scoring(tokenizer):
+    model = tiny_model().eval()
+    pairs, samples = make_rows(4, seed=4)
+    obj = objective(tokenizer)
+    batch = obj.make_batch(pairs, samples, np.random.default_rng(2), epoch=0)
+    labels, positions = batch.targets["mlm_labels"], batch.inputs["mlm_positions"]
+    assert 5 < int(positions.sum()) < positions.numel()
+
+    losses, metrics = obj.compute(model, batch)
+    grads = torch.autograd.grad(sum(losses.values()), list(model.parameters()))
+    losses = {k: v.detach() for k, v in losses.items()}
+    # The reference: every token scored, with the formulas the objective used before.
+    full = model(**{k: v for k, v in batch.inputs.items() if k != "mlm_positions"})
+    B, T = labels.shape
+    assert full.lang_prediction_logits.shape == (B, T, len(tokenizer))
+    reference = masked_lm_loss(full.lang_prediction_logits, labels)
+    match = matching_loss(full.cross_relationship_score, batch.targets["match_labels"])
+    assert float(losses["loss_mlm"]) == pytest.approx(float(reference.detach()), rel=1e-6)
+    assert float(losses["loss_match"]) == pytest.approx(float(match.detach()), rel=1e-6)
+    want_acc = accuracy(full.lang_prediction_logits, labels, positions)
+    assert [float(x) for x in metrics["mlm_acc"]] == [float(x) for x in want_acc]
+    # The scored logits are the full ones at the masked tokens, in row-major order.
+    with torch.no_grad():
+        scored = model(**batch.inputs).lang_prediction_logits
+    torch.testing.assert_close(
+        scored, full.lang_prediction_logits.detach()[positions], rtol=1e-5, atol=1e-5
+    )
+    # The same training step: the same gradients.
+    full_grads = torch.autograd.grad(reference + match, list(model.parameters()))
+    for got, want in zip(grads, full_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_nothing_masked_gives_zero_mlm_loss_that_reaches_the_head(tokenizer):
+    model = tiny_model().eval()
+    pairs, samples = make_rows(3, seed=1)
+    obj = objective(tokenizer, word_mask_prob=0.0)
+    batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
+    assert not batch.inputs["mlm_positions"].any()
+    losses, metrics = obj.compute(model, batch)
+    assert float(losses["loss_mlm"].detach()) == 0.0
+    assert [float(x) for x in metrics["mlm_acc"]] == [0.0, 0.0]
+    losses["loss_mlm"].backward()
+    # Zero gradients, but gradients: DDP expects every rank to reduce the head's parameters.
+    for name, p in model.mlm_head.named_parameters():
+        assert p.grad is not None and not p.grad.any(), name
+
+
+def test_tiny_model_losses_fall(tokenizer):
+    model = tiny_model()
     pairs, samples = make_rows(3, seed=3)
     obj = objective(tokenizer)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
     assert set(batch.inputs) == {
-        "input_ids", "attention_mask", "token_type_ids", "features", "boxes", "region_mask"
+        "input_ids", "attention_mask", "token_type_ids", "features", "boxes", "region_mask",
+        "mlm_positions",
     }
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     first = None

@@ -49,6 +49,7 @@ from pipeline.pretrain.objectives.base import (
     choose_other_rows,
     mask_tokens,
 )
+from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
 from pipeline.pretrain.pairs import Pair
 from pipeline.text import encode_texts
 from shards.batch import collate_regions
@@ -165,7 +166,8 @@ class LxmertObjective(Objective):
     """LXMERT's masked LM, matching, masked object prediction and QA, for LxmertForPreTraining.
 
     TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
-    boxes (B, N, 4), region_mask (B, N).
+    boxes (B, N, 4), region_mask (B, N); with the MLM task, mlm_positions (B, T) bool, the masked
+    tokens, the only ones the model's MLM head then scores (logits (M, V)).
     TrainBatch.targets, present when their task is on:
         mlm_labels (B, T) long, IGNORE_INDEX where not masked;
         match_labels (B,) long, 1 matched / 0 not;
@@ -242,6 +244,8 @@ class LxmertObjective(Objective):
                 vocab_size=len(self.tokenizer),
             )
         inputs.update(text, input_ids=input_ids)
+        if cfg.mlm:
+            inputs["mlm_positions"] = mlm_positions(targets["mlm_labels"])  # (B, T) bool
 
         # 3. Regions and object masking.
         regions = collate_regions(samples, max_boxes=self.max_boxes)
@@ -310,9 +314,8 @@ class LxmertObjective(Objective):
         losses: dict[str, torch.Tensor] = {}
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if cfg.mlm:
-            logits, labels = out.lang_prediction_logits, targets["mlm_labels"]
-            losses["loss_mlm"] = masked_lm_loss(logits, labels)
-            metrics["mlm_acc"] = accuracy(logits, labels, labels != IGNORE_INDEX)
+            loss, acc = masked_lm_terms(out.lang_prediction_logits, targets["mlm_labels"])
+            losses["loss_mlm"], metrics["mlm_acc"] = loss, acc
         if cfg.matching:
             logits, labels = out.cross_relationship_score, targets["match_labels"]
             losses["loss_match"] = matching_loss(logits, labels)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.heads import IGNORE_INDEX, masked_lm_loss, matching_loss
+from model.heads import matching_loss
 from pipeline.pretrain.objectives.base import (
     Objective,
     TrainBatch,
@@ -32,6 +32,7 @@ from pipeline.pretrain.objectives.base import (
     choose_other_rows,
     mask_tokens,
 )
+from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
 from pipeline.pretrain.pairs import Pair
 from pipeline.text import encode_texts
 from shards.batch import collate_regions
@@ -64,7 +65,9 @@ class VisualBertObjective(Objective):
     """Masked LM and sentence-image prediction, for VisualBertForPreTraining.
 
     TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
-    boxes (B, N, 4) (VisualBERT ignores them), region_mask (B, N).
+    boxes (B, N, 4) (VisualBERT ignores them), region_mask (B, N); with the MLM task,
+    mlm_positions (B, T) bool, the masked tokens, the only ones the model's MLM head then scores
+    (logits (M, V)).
     TrainBatch.targets, present when their task is on: mlm_labels (B, T) long, IGNORE_INDEX where
     not masked; match_labels (B,) long, 1 when c2 also describes the image.
     """
@@ -123,6 +126,8 @@ class VisualBertObjective(Objective):
             )
         regions = collate_regions(samples, max_boxes=self.max_boxes)
         inputs = {**text, "input_ids": input_ids, **regions.model_inputs()}
+        if cfg.mlm:
+            inputs["mlm_positions"] = mlm_positions(targets["mlm_labels"])  # (B, T) bool
         return TrainBatch(inputs=inputs, targets=targets, size=len(pairs))
 
     def _encode_pairs(self, first: list[str], second: list[str]) -> dict[str, torch.Tensor]:
@@ -152,9 +157,8 @@ class VisualBertObjective(Objective):
         losses: dict[str, torch.Tensor] = {}
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         if self.config.mlm:
-            logits, labels = out.lang_prediction_logits, targets["mlm_labels"]
-            losses["loss_mlm"] = masked_lm_loss(logits, labels)
-            metrics["mlm_acc"] = accuracy(logits, labels, labels != IGNORE_INDEX)
+            loss, acc = masked_lm_terms(out.lang_prediction_logits, targets["mlm_labels"])
+            losses["loss_mlm"], metrics["mlm_acc"] = loss, acc
         if self.config.matching:
             logits, labels = out.cross_relationship_score, targets["match_labels"]
             losses["loss_match"] = matching_loss(logits, labels)
