@@ -10,6 +10,8 @@ import argparse
 import sys
 
 from pipeline.bench_model import add_args as add_bench_model_args
+from pipeline.bench_pretrain import __doc__ as BENCH_PRETRAIN_DESCRIPTION
+from pipeline.bench_pretrain import add_args as add_bench_pretrain_args
 from pipeline.config import ConfigError
 from pipeline.convert import DESCRIPTION as CONVERT_DESCRIPTION
 from pipeline.convert import add_convert_args
@@ -30,6 +32,7 @@ Typical use:
   pipeline shards verify FEATS                   check a shard set end to end
   pipeline bench extract                         images/s and time per stage
   pipeline bench model --arch lxmert             training samples/s, ours against transformers
+  pipeline bench pretrain                        pretraining samples/s, 1 -> 2 Ray Train workers
   pipeline convert model_LXRT.pth --to hf --out DIR   official LXMERT weights -> Hugging Face
   pipeline corpus build --config configs/corpus/lxmert.yaml --root DATA --out CORPUS
                                                  pretraining corpus from the annotation files
@@ -227,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
         "decoders via --set run.actors=N ...) and report its overhead"
     )
     _config_args(bench_extract)
+    bench_pretrain = bench_verbs.add_parser(
+        "pretrain",
+        help="pretraining samples/s and its scaling from 1 to N workers",
+        description=BENCH_PRETRAIN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_bench_pretrain_args(bench_pretrain)
     bench_model = bench_verbs.add_parser(
         "model",
         help="training samples/s of our model against transformers' (same weights and work)",
@@ -352,6 +362,10 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline import shards_cli
 
             return shards_cli.run_shards(args)
+        if args.verb == "bench" and args.bench_verb == "pretrain":
+            from pipeline.bench_pretrain import run_bench_pretrain
+
+            return run_bench_pretrain(args)
         if args.verb == "bench" and args.bench_verb == "model":
             from pipeline.bench_model import run_bench_model
 

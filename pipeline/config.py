@@ -149,6 +149,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{path} must be a number, got {value!r}")
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
