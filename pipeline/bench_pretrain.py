@@ -103,7 +103,8 @@ def run_bench_pretrain(args: argparse.Namespace) -> int:
     base = rows[0]
     print(f"\npretrain {base['arch']}: {args.micro_batch} pairs per worker per step, {args.steps} "
           f"steps, {args.threads} thread(s) per worker, rate after {args.warmup} steps")
-    print(f"{'workers':>8} {'batch':>6} {'samples/s':>10} {'speed-up':>9} {'efficiency':>11} {'wall s':>8}")
+    header = ("workers", 8), ("batch", 6), ("samples/s", 10), ("speed-up", 9), ("efficiency", 11)
+    print(" ".join(f"{name:>{width}}" for name, width in header), f"{'wall s':>8}")
     for row in rows:
         speedup = row["samples_per_s"] / base["samples_per_s"]
         efficiency = speedup / (max(row["workers"], 1) / max(base["workers"], 1))

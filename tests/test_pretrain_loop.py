@@ -89,7 +89,8 @@ def test_lxmert_run_records_and_learns(pretrain_world, tmp_path):
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     saved = load_config(out / "config.yaml")
     assert saved.model.vocab_size == 30522 and saved.model.visual_feat_dim == 64
-    assert saved.model.num_answers == len(json.loads((pretrain_world.corpus / "answers.json").read_text()))
+    answers = json.loads((pretrain_world.corpus / "answers.json").read_text())
+    assert saved.model.num_answers == len(answers)
 
     # The exported model is a checkpoint `pipeline convert` reads: to Hugging Face's format.
     hf = tmp_path / "hf"

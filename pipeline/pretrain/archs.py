@@ -34,12 +34,16 @@ class Arch:
 
 
 ARCHS: dict[str, Arch] = {
-    "lxmert": Arch(LxmertConfig, LxmertForPreTraining, LxmertObjectiveConfig, LxmertObjective, "lxmert"),
+    "lxmert": Arch(
+        LxmertConfig, LxmertForPreTraining, LxmertObjectiveConfig, LxmertObjective, "lxmert"
+    ),
     "visualbert": Arch(
         VisualBertConfig, VisualBertForPreTraining, VisualBertObjectiveConfig, VisualBertObjective,
         "visualbert",
     ),
-    "vlbert": Arch(VlBertConfig, VlBertForPreTraining, VlBertObjectiveConfig, VlBertObjective, "vlbert"),
+    "vlbert": Arch(
+        VlBertConfig, VlBertForPreTraining, VlBertObjectiveConfig, VlBertObjective, "vlbert"
+    ),
     "vilbert": Arch(
         VilBertConfig, VilBertForPreTraining, VilBertObjectiveConfig, VilBertObjective, "vilbert"
     ),

@@ -19,7 +19,7 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     """Every record of a run's metrics.jsonl, in order."""
     path = Path(run_dir) / METRICS
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no metrics.jsonl (is {run_dir} a pretraining run directory?)")
+        raise FileNotFoundError(f"{path}: missing (is {run_dir} a pretraining run directory?)")
     records = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip():

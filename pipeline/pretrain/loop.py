@@ -9,7 +9,6 @@ and scheduler state and the data position; a resumed run repeats the uninterrupt
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -28,7 +27,13 @@ from pipeline.config import to_dict
 from pipeline.pretrain.archs import ARCHS
 from pipeline.pretrain.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from pipeline.pretrain.config import PretrainConfig, config_from_dict
-from pipeline.pretrain.data import PretrainStream, TextStream, ValidationStream, load_pairs
+from pipeline.pretrain.data import (
+    PretrainStream,
+    TextStream,
+    ValidationStream,
+    load_answers,
+    load_pairs,
+)
 from pipeline.pretrain.logs import RunLog, truncate_metrics
 from pipeline.text import load_tokenizer
 from shards.reader import iter_samples, list_shards
@@ -68,14 +73,9 @@ def _feature_dim(shards: list[Path]) -> int:
     raise ValueError(f"{shards[0]}: the shard holds no sample")
 
 
-def _num_answers(corpus: Path) -> int:
-    path = corpus / "answers.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: the corpus has no answer table (run `pipeline corpus build`)")
-    return len(json.loads(path.read_text()))
-
-
-def derive(config: PretrainConfig, *, vocab_size: int, feature_dim: int, num_answers: int) -> PretrainConfig:
+def derive(
+    config: PretrainConfig, *, vocab_size: int, feature_dim: int, num_answers: int
+) -> PretrainConfig:
     """Fill the model fields that come from the data: vocabulary, feature size, answers."""
     changes = {"vocab_size": vocab_size, "visual_feat_dim": feature_dim}
     if config.arch == "lxmert":
@@ -89,7 +89,10 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         if not param.requires_grad:
             continue
         (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
 
 
 def warmup_linear(total_steps: int, warmup: int):
@@ -136,7 +139,7 @@ class Trainer:
             config,
             vocab_size=self.tokenizer.vocab_size,
             feature_dim=_feature_dim(self.shards),
-            num_answers=_num_answers(corpus),
+            num_answers=len(load_answers(corpus)),
         )
         self.config = config
         spec = ARCHS[config.arch]
@@ -196,7 +199,8 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             warmup_linear(
-                self.total_steps, optim.warmup_steps or int(self.total_steps * optim.warmup_fraction)
+                self.total_steps,
+                optim.warmup_steps or int(self.total_steps * optim.warmup_fraction),
             ),
         )
         self.reducer = _Reducer(self.world, self.device)
@@ -235,13 +239,15 @@ class Trainer:
         self.position = Position(**state["position"])
         if self.rank == 0:
             truncate_metrics(self.run_dir, self.position.step)
-            print(f"resumed from {checkpoint} (step {self.position.step}, epoch {self.position.epoch})")
+            at = self.position
+            print(f"resumed from {checkpoint} (step {at.step}, epoch {at.epoch})")
         return True
 
     def _save(self) -> None:
         if self.rank == 0:
             spec = ARCHS[self.config.arch]
-            export = self.module if self.config.arch == "lxmert" else getattr(self.module, spec.encoder)
+            lxmert = self.config.arch == "lxmert"  # exported whole: its QA head transfers
+            export = self.module if lxmert else getattr(self.module, spec.encoder)
             save_checkpoint(
                 self.run_dir,
                 position=vars(self.position).copy(),
@@ -293,7 +299,8 @@ class Trainer:
             texts = self.texts.texts(self.position.step * self.config.optim.accumulation + index)
         pairs = [pair for pair, _ in rows]
         samples = [sample for _, sample in rows]
-        return self.objective.make_batch(pairs, samples, rng, epoch=epoch, texts=texts).to(self.device)
+        batch = self.objective.make_batch(pairs, samples, rng, epoch=epoch, texts=texts)
+        return batch.to(self.device)
 
     def _forward(self, batch, seed: int, model: nn.Module | None = None):
         torch.manual_seed(seed)
@@ -449,5 +456,6 @@ def train_loop(loop_config: dict) -> dict[str, float]:
         trainer.run_dir.mkdir(parents=True, exist_ok=True)
         import yaml
 
-        (trainer.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(trainer.config), sort_keys=False))
+        resolved = yaml.safe_dump(to_dict(trainer.config), sort_keys=False)
+        (trainer.run_dir / "config.yaml").write_text(resolved)
     return trainer.fit()

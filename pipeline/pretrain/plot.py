@@ -1,4 +1,4 @@
-"""`pipeline plot RUN_DIR`: a run's loss curves and accuracies as one PNG, from its metrics.jsonl."""
+"""`pipeline plot RUN_DIR`: a run's loss curves and accuracies in one PNG, from metrics.jsonl."""
 
 from __future__ import annotations
 

@@ -33,7 +33,9 @@ def run_pretrain(
     return val[-1] if val else {}
 
 
-def _fit_with_ray(config: PretrainConfig, loop_config: dict, run_dir: Path, address: str | None) -> None:
+def _fit_with_ray(
+    config: PretrainConfig, loop_config: dict, run_dir: Path, address: str | None
+) -> None:
     from pipeline.extract_ray import ray_session
 
     run = config.run
