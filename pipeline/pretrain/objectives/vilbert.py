@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.heads import IGNORE_INDEX, kl_divergence_loss, masked_lm_loss, matching_loss
+from model.heads import kl_divergence_loss, matching_loss
 from pipeline.pretrain.objectives.base import (
     Objective,
     TrainBatch,
@@ -44,6 +44,7 @@ from pipeline.pretrain.objectives.base import (
     choose_other_rows,
     mask_tokens,
 )
+from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
 from pipeline.pretrain.objectives.vlbert import (
     maskable_tokens,
     require_cls_probs,
@@ -151,7 +152,7 @@ class VilBertObjective(Objective):
             "region_mask": regions.region_mask,
         }
         if c.mlm:
-            inputs["mlm_positions"] = mlm_labels != IGNORE_INDEX  # (B, T)
+            inputs["mlm_positions"] = mlm_positions(mlm_labels)  # (B, T)
         targets = {"mlm_labels": mlm_labels}
         if c.mrm:
             targets["region_labelled"] = labelled
@@ -191,12 +192,10 @@ class VilBertObjective(Objective):
         out = model(**batch.inputs)
         losses: dict[str, torch.Tensor] = {}
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        if c.mlm:
-            positions = batch.inputs.get("mlm_positions")  # (B, T) bool or None
-            labels = t["mlm_labels"] if positions is None else t["mlm_labels"][positions]
-            word_logits = out.lang_prediction_logits  # (M, V), or (B, T, V) without positions
-            losses["loss_mlm"] = masked_lm_loss(word_logits, labels)
-            metrics["mlm_acc"] = accuracy(word_logits, labels, labels != IGNORE_INDEX)
+        if c.mlm:  # logits (M, V), or (B, T, V) without mlm_positions
+            losses["loss_mlm"], metrics["mlm_acc"] = masked_lm_terms(
+                out.lang_prediction_logits, t["mlm_labels"]
+            )
         if c.mrm:
             logits = out.region_class_logits[t["region_labelled"]]  # (M, C)
             losses["loss_mrm"] = soft_region_loss(kl_divergence_loss, logits, t["region_targets"])
