@@ -15,3 +15,4 @@ def test_bench_pretrain_prints_rates(pretrain_world, capsys):
     row = re.search(r"^\s+0\s+8\s+([\d.]+)\s+1\.00x\s+100%", out, re.MULTILINE)
     assert row, out
     assert float(row.group(1)) > 0
+

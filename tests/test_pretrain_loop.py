@@ -138,3 +138,13 @@ def test_cli_errors(pretrain_world, tmp_path, capsys):
     assert "nothing to resume" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="arch must be one of"):
         load_config(CONFIGS / "lxmert_tiny.yaml", ["arch=bert"])
+
+
+def test_a_run_hands_back_the_thread_count(pretrain_world, tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    config = tiny_config(pretrain_world, "lxmert", "run.max_steps=2",
+                         f"run.threads_per_worker={before + 1}")
+    run_pretrain(config, tmp_path / "run")
+    assert torch.get_num_threads() == before

@@ -449,13 +449,19 @@ def train_loop(loop_config: dict) -> dict[str, float]:
     as is in one process.
     """
     config = config_from_dict(loop_config["config"])
-    trainer = Trainer(config, Path(loop_config["run_dir"]))
-    if loop_config.get("resume"):
-        trainer.resume()
-    if trainer.rank == 0:
-        trainer.run_dir.mkdir(parents=True, exist_ok=True)
-        import yaml
+    # The thread count is process-wide: a run inside a longer process (a test session, a
+    # notebook) hands the caller's setting back when it ends.
+    caller_threads = torch.get_num_threads()
+    try:
+        trainer = Trainer(config, Path(loop_config["run_dir"]))
+        if loop_config.get("resume"):
+            trainer.resume()
+        if trainer.rank == 0:
+            trainer.run_dir.mkdir(parents=True, exist_ok=True)
+            import yaml
 
-        resolved = yaml.safe_dump(to_dict(trainer.config), sort_keys=False)
-        (trainer.run_dir / "config.yaml").write_text(resolved)
-    return trainer.fit()
+            resolved = yaml.safe_dump(to_dict(trainer.config), sort_keys=False)
+            (trainer.run_dir / "config.yaml").write_text(resolved)
+        return trainer.fit()
+    finally:
+        torch.set_num_threads(caller_threads)
