@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -30,10 +31,11 @@ class TrainBatch:
         return TrainBatch(inputs=move(self.inputs), targets=move(self.targets), size=self.size)
 
 
-class Objective:
-    """One architecture's pretraining tasks. Subclasses are module-level (they pickle to Ray
-    workers) and draw every random choice from the `rng` they are given, so a batch is a pure
-    function of its rows and the trainer's (seed, epoch, step, rank)."""
+class Objective(Protocol):
+    """One architecture's pretraining tasks (the four in this package follow this protocol).
+    They are module-level classes (they pickle to Ray workers) that draw every random choice from
+    the `rng` they are given, so a batch is a pure function of its rows and the trainer's (seed,
+    epoch, step, rank)."""
 
     def make_batch(
         self,
@@ -44,14 +46,15 @@ class Objective:
         epoch: int,
         texts: Sequence[str] | None = None,
     ) -> TrainBatch:
-        raise NotImplementedError
+        """Tokenise, mask, swap and label the rows (pair i shows sample i)."""
+        ...
 
     def compute(
         self, model: nn.Module, batch: TrainBatch
     ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
         """Losses {"loss_<task>": scalar, weighted} and accuracies {"<task>_acc": (correct,
         count)}, from exactly one forward of `model` (DDP needs one per backward)."""
-        raise NotImplementedError
+        ...
 
 
 def mask_tokens(
