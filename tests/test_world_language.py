@@ -34,7 +34,7 @@ def _random_scene(rng: random.Random, image_id: int, split: str = "train") -> Sc
     objects = []
     for i in range(rng.randint(2, 6)):
         size = rng.choice(SIZES)
-        side = rng.uniform(22, 38) if size == "small" else rng.uniform(52, 90)
+        side = rng.uniform(34, 48) if size == "small" else rng.uniform(62, 94)
         x1, y1 = rng.uniform(0, width - side), rng.uniform(0, height - side)
         objects.append(_object(image_id * 64 + i, rng.choice(SHAPES), rng.choice(COLORS),
                                rng.choice(MATERIALS), size, (x1, y1, x1 + side, y1 + side)))

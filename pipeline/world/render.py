@@ -208,12 +208,18 @@ def _outline(mask: np.ndarray, width_px: int) -> np.ndarray:
     return mask & ~inner
 
 
+def plastic_outline(sprite: Sprite) -> np.ndarray:
+    """(h, w) bool: the dark rim a plastic sprite gets, 4 px wide on large sprites, 3 on small."""
+    return _outline(sprite.mask, 4 if sprite.size == "large" else 3)
+
+
 def sprite_pixels(sprite: Sprite, rng: np.random.Generator) -> np.ndarray:
     """(h, w, 3) float32 RGB of a sprite over its whole rectangle (only mask pixels are used).
 
-    Material: metal = light gradient and a specular highlight; wooden = grain stripes in a
-    darker shade; plastic = flat with a thin dark outline. Balls also get sphere shading.
-    The darkening is bounded so each colour stays nearest its own name (see COLOR_RGB).
+    Material: metal = light gradient and a specular highlight; wooden = broad grain stripes in a
+    darker shade; plastic = flat with a thick dark outline. Balls also get sphere shading.
+    The darkening is bounded so that, outside a plastic sprite's rim, each colour stays nearest its
+    own name (see COLOR_RGB).
     """
     h, w = sprite.mask.shape
     u, v = _unit_grid(w, h)
@@ -235,10 +241,10 @@ def sprite_pixels(sprite: Sprite, rng: np.random.Generator) -> np.ndarray:
         angle = rng.uniform(0, np.pi)
         warp = _value_noise(rng, w, h, max(w, h) / 3)
         along = (u * np.cos(angle) + v * np.sin(angle)) * max(w, h) / 2
-        stripes = np.sin(along * 2 * np.pi / rng.uniform(6, 9) + 5 * warp) > 0.35
-        light = light * np.where(stripes, 0.78, 1.0)
+        stripes = np.sin(along * 2 * np.pi / rng.uniform(10, 14) + 5 * warp) > 0.2
+        light = light * np.where(stripes, 0.62, 1.0)
     elif sprite.material == "plastic":
-        light = light * np.where(_outline(sprite.mask, 2 if sprite.size == "large" else 1), 0.5, 1)
+        light = light * np.where(plastic_outline(sprite), 0.3, 1)
     else:
         raise ValueError(f"unknown material {sprite.material!r}")
     shaded = base * light[..., None]

@@ -15,8 +15,8 @@ from pipeline.world.render import Layout, Sprite, paint_ids, render, shape_mask
 from pipeline.world.scene import BACKGROUNDS, COLORS, MATERIALS, SHAPES, SIZES, Scene, WorldObject
 
 # Shortest side of an object's rectangle in pixels; the gap keeps "small" and "large" apart.
-SMALL_EXTENT_PX = (22, 38)
-LARGE_EXTENT_PX = (52, 90)
+SMALL_EXTENT_PX = (34, 48)
+LARGE_EXTENT_PX = (62, 94)
 # Long side / short side of a box (the most elongated shape).
 BOX_MAX_RATIO = 1.6
 # Image sides: the short side, and the long/short ratio (landscape or portrait).
@@ -27,7 +27,7 @@ ASPECT_RANGE = (1.0, 1.7)
 assert LARGE_EXTENT_PX[1] * BOX_MAX_RATIO < SHORT_SIDE_PX[0] - 16
 # Every annotated object keeps at least this much of itself and a visible box this wide.
 MIN_VISIBLE = 0.6
-MIN_VISIBLE_SIDE_PX = 16
+MIN_VISIBLE_SIDE_PX = 20
 # Objects of one colour keep this many pixels apart, so no two of them read as one shape.
 SAME_COLOR_GAP_PX = 3
 # Chance that an object is placed against an earlier one rather than anywhere.
