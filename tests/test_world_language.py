@@ -323,6 +323,21 @@ def test_nlvr2_identifiers_groups_and_labels():
     assert nlvr2_items(pairs, "dev", 0) == items and nlvr2_items(pairs, "dev", 1) != items
 
 
+
+def test_nlvr2_more_sentences_per_set_are_distinct_true_and_balanced():
+    scenes = _scenes(4, 32)
+    pairs = list(zip(scenes[::2], scenes[1::2]))  # four sets of 4 pairs
+    items = nlvr2_items(pairs, "train", seed=0, pairs_per_sentence=4, sentences_per_set=8)
+    by_image = {s.image_id: s for s in scenes}
+    sentences = defaultdict(set)
+    for item in items:
+        sentences[item.identifier.split("-")[1]].add(item.sentence)
+        left, right = by_image[item.left_image_id], by_image[item.right_image_id]
+        assert item.label == _nlvr2_truth(left, right, item.sentence)
+    assert [len(s) for s in sentences.values()] == [8, 8, 8, 8]
+    assert len(items) == 4 * 8 * 4
+    assert 0.4 <= sum(i.label for i in items) / len(items) <= 0.6
+
 # ---------------------------------------------------------------- captions, VG, CC3M
 
 def test_captions_are_true_of_the_scene():

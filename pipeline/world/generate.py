@@ -63,6 +63,7 @@ from pipeline.world.language import (
     vg_question_answers,
     vqa_questions,
 )
+from pipeline.world.language.nlvr2 import SENTENCES_PER_SET
 from pipeline.world.sampling import make_scene
 from pipeline.world.scene import Scene
 
@@ -90,7 +91,8 @@ class WorldConfig:
     coco_val_fraction: share of the COCO images in val2014. vg_100k_2_fraction: share of the
     Visual Genome images stored in VG_100K_2. min_objects / max_objects: objects per scene.
     *_per_image: questions per image. nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls
-    per COCO/VG scene. cc3m_failed_fraction: urls that fail to download (at least one).
+    per COCO/VG scene. nlvr2_sentences_per_set: NLVR2 sentences written for each set of four
+    pairs (every one is an item with each pair). cc3m_failed_fraction: urls that fail to download (at least one).
     """
 
     images: int = 600
@@ -104,6 +106,7 @@ class WorldConfig:
     vqa_per_image: int = 6
     gqa_per_image: int = 6
     nlvr2_fraction: float = 0.25
+    nlvr2_sentences_per_set: int = SENTENCES_PER_SET
     cc3m_fraction: float = 0.25
     cc3m_samples_per_shard: int = 64
     cc3m_failed_fraction: float = 0.08
@@ -116,8 +119,10 @@ class WorldConfig:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed}")
         if not 1 <= self.min_objects <= self.max_objects <= MAX_OBJECTS:
             raise ConfigError(f"need 1 <= min_objects <= max_objects <= {MAX_OBJECTS}")
-        if min(self.captions_per_image, self.vqa_per_image, self.gqa_per_image) < 1:
-            raise ConfigError("captions_per_image, vqa_per_image and gqa_per_image must be >= 1")
+        if min(self.captions_per_image, self.vqa_per_image, self.gqa_per_image,
+               self.nlvr2_sentences_per_set) < 1:
+            raise ConfigError("captions_per_image, vqa_per_image, gqa_per_image and "
+                              "nlvr2_sentences_per_set must be >= 1")
         for name in ("coco_fraction", "coco_val_fraction", "vg_100k_2_fraction",
                      "nlvr2_fraction", "cc3m_fraction", "cc3m_failed_fraction"):
             if not 0.0 < getattr(self, name) < 1.0:
@@ -267,7 +272,8 @@ def write_nlvr2(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
                 bar.update()
             pairs.append((pair[0], pair[1]))
             next_id += 2
-        items = nlvr2_items(pairs, split, cfg.seed, pairs_per_sentence=PAIRS_PER_SET)
+        items = nlvr2_items(pairs, split, cfg.seed, pairs_per_sentence=PAIRS_PER_SET,
+                            sentences_per_set=cfg.nlvr2_sentences_per_set)
         written = set()
         for item in items:
             left, right = nlvr2.image_paths(item, split)

@@ -138,9 +138,10 @@ def _labels(statement: _Statement, pairs: list[tuple[Scene, Scene]]) -> list[boo
 
 
 def nlvr2_items(scene_pairs: list[tuple[Scene, Scene]], split: str, seed: int,
-                pairs_per_sentence: int = 4) -> list[NLVR2Item]:
-    """SENTENCES_PER_SET sentences for each set of pairs_per_sentence consecutive pairs (the last
-    set may be smaller), each sentence paired with every pair of its set."""
+                pairs_per_sentence: int = 4,
+                sentences_per_set: int = SENTENCES_PER_SET) -> list[NLVR2Item]:
+    """Up to sentences_per_set distinct sentences for each set of pairs_per_sentence consecutive
+    pairs (the last set may be smaller), each sentence paired with every pair of its set."""
     assert "-" not in split, "the split is the first field of a dash-separated identifier"
     rng = random.Random(seed)
     surplus = 0  # true labels minus false labels so far
@@ -149,7 +150,7 @@ def nlvr2_items(scene_pairs: list[tuple[Scene, Scene]], split: str, seed: int,
         pairs = scene_pairs[start:start + pairs_per_sentence]
         scenes = [s for pair in pairs for s in pair]
         chosen: list[tuple[_Statement, list[bool]]] = []
-        for _ in range(SENTENCES_PER_SET):
+        for _ in range(sentences_per_set):
             options = []
             for _ in range(_CANDIDATES_PER_SENTENCE):
                 statement = _random_statement(scenes, rng)
