@@ -33,8 +33,10 @@ VARIANTS = ("pretrained", "scratch", "language_only")
 @dataclass(frozen=True)
 class DemoConfig:
     """world_images / world_seed: the generated world (the bundled detector trained on seed 0);
-    vqa_per_image: VQA questions per image; minival_images: COCO val images held out from
-    pretraining and fine-tuning, on which VQA is scored. engine: the extraction engine (ray or
+    vqa_per_image: VQA questions per image; nlvr2_sentences_per_set: NLVR2 statements written for
+    each set of four image pairs (the world's default 2 leaves 208 training items);
+    minival_images: COCO val images held out from pretraining and fine-tuning, on which VQA is
+    scored. engine: the extraction engine (ray or
     local). pretrain_epochs / finetune_epochs: passes over the data; batch_size: fine-tuning
     examples per step. threads: torch threads for training (0: all cores); one, because these
     hidden-64 models are too small to share: in fresh-clone demo runs on 2 cores, VQA fine-tuning
@@ -43,9 +45,10 @@ class DemoConfig:
     world_images: int = 600
     world_seed: int = 7
     vqa_per_image: int = 15
+    nlvr2_sentences_per_set: int = 8
     minival_images: int = 40
     engine: str = "ray"
-    pretrain_epochs: int = 1
+    pretrain_epochs: int = 2
     finetune_epochs: int = 4
     batch_size: int = 32
     threads: int = 1
@@ -75,7 +78,8 @@ def _world(cfg: DemoConfig, out: Path) -> Path:
 
         shutil.rmtree(world)
     generate_world(WorldConfig(images=cfg.world_images, seed=cfg.world_seed,
-                               vqa_per_image=cfg.vqa_per_image), world)
+                               vqa_per_image=cfg.vqa_per_image,
+                               nlvr2_sentences_per_set=cfg.nlvr2_sentences_per_set), world)
     return world
 
 
