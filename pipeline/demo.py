@@ -36,9 +36,8 @@ class DemoConfig:
     vqa_per_image: VQA questions per image; nlvr2_sentences_per_set: NLVR2 statements written for
     each set of four image pairs (the world's default 2 leaves 208 training items);
     minival_images: COCO val images held out from pretraining and fine-tuning, on which VQA is
-    scored. engine: the extraction engine (ray or
-    local). pretrain_epochs / finetune_epochs: passes over the data; batch_size: fine-tuning
-    examples per step. threads: torch threads for training (0: all cores); one, because these
+    scored. engine: the extraction engine (ray or local). pretrain_epochs / finetune_epochs:
+    passes over the data; batch_size: fine-tuning examples per step. threads: torch threads for training (0: all cores); one, because these
     hidden-64 models are too small to share: in fresh-clone demo runs on 2 cores, VQA fine-tuning
     ran at 3.9-4.5 steps/s with two threads and 7.6-8.3 with one."""
 

@@ -92,7 +92,8 @@ class WorldConfig:
     Visual Genome images stored in VG_100K_2. min_objects / max_objects: objects per scene.
     *_per_image: questions per image. nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls
     per COCO/VG scene. nlvr2_sentences_per_set: NLVR2 sentences written for each set of four
-    pairs (every one is an item with each pair). cc3m_failed_fraction: urls that fail to download (at least one).
+    pairs (every one is an item with each pair). cc3m_failed_fraction: urls that fail to
+    download (at least one).
     """
 
     images: int = 600
