@@ -37,9 +37,10 @@ class DemoConfig:
     each set of four image pairs (the world's default 2 leaves 208 training items);
     minival_images: COCO val images held out from pretraining and fine-tuning, on which VQA is
     scored. engine: the extraction engine (ray or local). pretrain_epochs / finetune_epochs:
-    passes over the data; batch_size: fine-tuning examples per step. threads: torch threads for training (0: all cores); one, because these
-    hidden-64 models are too small to share: in fresh-clone demo runs on 2 cores, VQA fine-tuning
-    ran at 3.9-4.5 steps/s with two threads and 7.6-8.3 with one."""
+    passes over the data; batch_size: fine-tuning examples per step. threads: torch threads for
+    training (0: all cores); one, because these hidden-64 models are too small to share: in
+    fresh-clone demo runs on 2 cores, VQA fine-tuning ran at 3.9-4.5 steps/s with two threads
+    and 7.6-8.3 with one."""
 
     world_images: int = 600
     world_seed: int = 7
