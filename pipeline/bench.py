@@ -23,10 +23,10 @@ import torch
 
 from pipeline.config import ConfigError
 from pipeline.datasets import ImageRef, list_images
-from pipeline.demo import sample_images_dir
 from pipeline.extract import ExtractJobConfig, extract_refs, pick_device, resolve_job
 from pipeline.extract_output import Tally
 
+SAMPLE_IMAGES = Path(__file__).parent / "sample_images"
 STAGES = ("decode", "preprocess", "backbone", "rpn", "roi_head", "selection", "write")
 
 
@@ -79,7 +79,7 @@ def same_samples(a: Path, b: Path) -> bool:
 
 
 def bench_extract(args) -> list[dict]:
-    folder = Path(args.images) if args.images else sample_images_dir()
+    folder = Path(args.images) if args.images else SAMPLE_IMAGES
     refs = bench_refs(folder, args.num_images)
     engines = ("local", "ray") if args.ray else ("local",)
     rows = []

@@ -20,6 +20,16 @@ pytestmark = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def exact_float32():
+    """cuDNN runs float32 convolutions in TF32 (10-bit mantissa) by default, which moves scores by
+    1e-3 and random-weight boxes by a pixel; these tests compare float32 arithmetic."""
+    before = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = before
+
+
 @pytest.fixture(scope="module")
 def images():
     return [_image(120, 200, 1), _image(144, 96, 2), _image(78, 82, 3)]
