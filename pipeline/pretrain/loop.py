@@ -291,10 +291,10 @@ class Trainer:
                 total = sum(losses.values())
                 (total / accumulation).backward()
             for name, value in losses.items():
-                losses_sum[name] = losses_sum.get(name, 0.0) + float(value.detach()) / accumulation
+                losses_sum[name] = losses_sum.get(name, 0.0) + value.detach() / accumulation
             for name, (correct, count) in metrics.items():
-                metrics_sum[f"{name}.c"] = metrics_sum.get(f"{name}.c", 0.0) + float(correct)
-                metrics_sum[f"{name}.n"] = metrics_sum.get(f"{name}.n", 0.0) + float(count)
+                metrics_sum[f"{name}.c"] = metrics_sum.get(f"{name}.c", 0.0) + correct
+                metrics_sum[f"{name}.n"] = metrics_sum.get(f"{name}.n", 0.0) + count
             window_rows += batch.size
             self.position.micro = index + 1
             if not sync:
@@ -309,6 +309,8 @@ class Trainer:
             step = self.position.step
             bar.update(1)
             if step % run.log_every == 0 or step == self.total_steps:
+                if self.device.type == "cuda":  # the rate counts finished steps only
+                    torch.cuda.synchronize(self.device)
                 record = self._train_record(step, epoch, lr, losses_sum, metrics_sum,
                                             window_rows / (time.perf_counter() - window_start))
                 bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=epoch, refresh=False)
@@ -334,7 +336,9 @@ class Trainer:
         return last_val
 
     def _train_record(self, step, epoch, lr, losses_sum, metrics_sum, samples_per_s) -> dict:
-        summed = self.reducer.sum({**losses_sum, **metrics_sum, "_rate": samples_per_s})
+        # Kept as tensors between logs: a float() per step would wait for the GPU every step.
+        values = {k: float(v) for k, v in {**losses_sum, **metrics_sum}.items()}
+        summed = self.reducer.sum({**values, "_rate": samples_per_s})
         record: dict = {"step": step, "epoch": epoch}
         losses = {k: summed[k] / self.world for k in sorted(losses_sum)}
         record["loss"] = sum(losses.values())
