@@ -269,8 +269,8 @@ class Trainer:
                    mininterval=0.1 if sys.stderr.isatty() else 10.0)
         steps_per_epoch = self._steps_in_epoch(self.position.epoch)
         window_start, window_rows = time.perf_counter(), 0
-        losses_sum: dict[str, float] = {}
-        metrics_sum: dict[str, float] = {}
+        losses_sum: dict[str, torch.Tensor] = {}  # this step's, as tensors until logged
+        metrics_sum: dict[str, torch.Tensor | int] = {}
         self.model.train()
         last_val: dict[str, float] = {}
         for epoch, index, rows in self._micro_batches():
