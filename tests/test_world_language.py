@@ -19,7 +19,7 @@ from pipeline.world.language import (
     vqa_questions,
 )
 from pipeline.world.scene import (
-    BACKGROUNDS, COLORS, MATERIALS, RELATIONS, SHAPES, SIZES, Scene, WorldObject,
+    BACKGROUNDS, COLORS, MATERIALS, RELATIONS, SHAPES, SIZES, Palette, Scene, WorldObject,
 )
 
 # ---------------------------------------------------------------- scenes built by hand
@@ -28,22 +28,25 @@ def _object(object_id, shape, color, material, size, box):
     return WorldObject(object_id, shape, color, material, size, box, depth=object_id, visible=1.0)
 
 
-def _random_scene(rng: random.Random, image_id: int, split: str = "train") -> Scene:
-    """2-6 objects with random attributes and square boxes inside a random image size."""
+def _random_scene(rng: random.Random, image_id: int, split: str = "train",
+                  objects: tuple[int, int] = (2, 6), palette: Palette = Palette()) -> Scene:
+    """2-6 objects (or `objects`) with random attributes of the palette and square boxes inside
+    a random image size."""
     width, height = rng.randint(200, 340), rng.randint(180, 300)
-    objects = []
-    for i in range(rng.randint(2, 6)):
+    placed = []
+    for i in range(rng.randint(*objects)):
         size = rng.choice(SIZES)
         side = rng.uniform(34, 48) if size == "small" else rng.uniform(62, 94)
         x1, y1 = rng.uniform(0, width - side), rng.uniform(0, height - side)
-        objects.append(_object(image_id * 64 + i, rng.choice(SHAPES), rng.choice(COLORS),
-                               rng.choice(MATERIALS), size, (x1, y1, x1 + side, y1 + side)))
-    return Scene(image_id, width, height, rng.choice(BACKGROUNDS), tuple(objects), split)
+        placed.append(_object(image_id * 64 + i, rng.choice(palette.shapes),
+                              rng.choice(palette.colors), rng.choice(palette.materials), size,
+                              (x1, y1, x1 + side, y1 + side)))
+    return Scene(image_id, width, height, rng.choice(BACKGROUNDS), tuple(placed), split, palette)
 
 
-def _scenes(seed: int, n: int, first_id: int = 1, split: str = "train") -> list[Scene]:
+def _scenes(seed: int, n: int, first_id: int = 1, split: str = "train", **kind) -> list[Scene]:
     rng = random.Random(seed)
-    return [_random_scene(rng, first_id + i, split) for i in range(n)]
+    return [_random_scene(rng, first_id + i, split, **kind) for i in range(n)]
 
 
 # Two red balls on the left, a large blue metal box on the right, a small green ring at the top.
@@ -210,6 +213,47 @@ def test_vqa_question_only_baseline_stays_below_45_percent():
     for qtype, counts in yes_no.items():
         if sum(counts.values()) >= 40:
             assert 0.4 <= counts["yes"] / sum(counts.values()) <= 0.6, (qtype, counts)
+
+
+SMALL_PALETTE = Palette(("ball", "box", "triangle", "star"), ("red", "blue", "green", "yellow", "white"),
+                        ("plastic",))
+
+
+def _wording(question: str) -> str:
+    """The question with every shape, colour, material and size word masked."""
+    words = set(SHAPES) | {p + s for p in SHAPES for s in ("s", "es")} | set(COLORS) | set(SIZES)
+    words |= set(MATERIALS)
+    return " ".join("*" if w in words else w for w in question.lower().rstrip("?").split())
+
+
+@pytest.mark.parametrize("kind", [{}, {"objects": (1, 3), "palette": SMALL_PALETTE}],
+                         ids=["default", "small-world"])
+def test_vqa_wording_does_not_give_away_existence(kind):
+    """Guessing the commonest answer of a question's wording (shape, colour, size and material
+    words masked) stays near chance on "is there ..." / "are there any ...": absent categories
+    are asked in the same wordings as present ones (when only objects' own categories were asked
+    in every wording, the guess got 60-62% on both worlds)."""
+    train = vqa_questions(_scenes(10, 400, **kind), seed=1, per_image=8, first_question_id=0)
+    val = vqa_questions(_scenes(11, 200, first_id=1000, split="val", **kind), seed=2,
+                        per_image=8, first_question_id=10_000)
+    by_wording = defaultdict(Counter)
+    for q in train:
+        by_wording[_wording(q.question)][q.multiple_choice_answer] += 1
+    tested = [q for q in val if q.question.lower().startswith(("is there", "are there"))]
+    right = sum(by_wording[_wording(q.question)].most_common(1)[0][0] == q.multiple_choice_answer
+                for q in tested if by_wording[_wording(q.question)])
+    assert len(tested) >= 250 and right / len(tested) <= 0.57, right / len(tested)
+
+
+def test_vqa_small_palette_names_only_its_values_and_never_asks_one_material():
+    scenes = _scenes(3, 60, objects=(1, 3), palette=SMALL_PALETTE)
+    questions = vqa_questions(scenes, seed=4, per_image=10, first_question_id=0)
+    absent = (set(SHAPES) - set(SMALL_PALETTE.shapes)) | (set(COLORS) - set(SMALL_PALETTE.colors))
+    for q in questions:
+        words = set(q.question.lower().rstrip("?").split())
+        assert not words & absent, q.question
+        assert "made of" not in q.question and "material" not in q.question, q.question
+    assert {q.multiple_choice_answer for q in questions} >= {"yes", "no", "0", "1"}
 
 
 def test_vqa_is_deterministic_under_a_seed():

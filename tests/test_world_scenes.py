@@ -31,6 +31,7 @@ from pipeline.world.scene import (
     RELATION_MARGIN_PX,
     SHAPES,
     SIZES,
+    Palette,
 )
 
 SEED = 11
@@ -69,6 +70,32 @@ def test_object_ids_depths_and_counts_follow_the_contract():
         assert [o.depth for o in scene.objects] == indices
     scene, _ = make_scene(3, "train", SEED, min_objects=5, max_objects=5)
     assert len(scene.objects) == 5
+
+
+def test_a_palette_limits_what_objects_are():
+    palette = Palette(("ball", "star"), ("red", "white"), ("metal",))
+    seen = set()
+    for image_id in range(30):
+        scene, _ = make_scene(image_id, "train", SEED, min_objects=1, max_objects=3,
+                              palette=palette)
+        assert scene.palette == palette and 1 <= len(scene.objects) <= 3
+        seen |= {(o.shape, o.color, o.material) for o in scene.objects}
+    assert {s for s, _, _ in seen} == {"ball", "star"} and {c for _, c, _ in seen} == {"red", "white"}
+    assert {m for _, _, m in seen} == {"metal"}
+
+
+@pytest.mark.parametrize("palette, problem", [
+    ({"colors": ["red"]}, "colors must be at least 2 distinct"),
+    ({"shapes": ["ball", "cube"]}, "shapes must be at least 2 distinct"),
+    ({"materials": []}, "materials must be at least 1 distinct"),
+    ({"shapes": ["ball", "ball", "star"]}, "shapes must be at least 2 distinct"),
+])
+def test_world_config_rejects_a_bad_palette(palette, problem):
+    from pipeline.config import ConfigError
+    from pipeline.world.generate import WorldConfig
+
+    with pytest.raises(ConfigError, match=problem):
+        WorldConfig(**palette)
 
 
 def test_boxes_are_the_tight_extent_of_each_objects_visible_pixels():

@@ -65,7 +65,7 @@ from pipeline.world.language import (
 )
 from pipeline.world.language.nlvr2 import SENTENCES_PER_SET
 from pipeline.world.sampling import make_scene
-from pipeline.world.scene import Scene
+from pipeline.world.scene import COLORS, MATERIALS, SHAPES, Palette, Scene
 
 COCO_ID_OFFSET = 1_000_000
 NLVR2_ID_BASE = 10_000_000
@@ -90,6 +90,7 @@ class WorldConfig:
     images: COCO + Visual Genome scenes. coco_fraction: share of them that are COCO images;
     coco_val_fraction: share of the COCO images in val2014. vg_100k_2_fraction: share of the
     Visual Genome images stored in VG_100K_2. min_objects / max_objects: objects per scene.
+    shapes / colors / materials: the palette objects are drawn from (scene.Palette; default all).
     *_per_image: questions per image. nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls
     per COCO/VG scene. nlvr2_sentences_per_set: NLVR2 sentences written for each set of four
     pairs (every one is an item with each pair). cc3m_failed_fraction: urls that fail to
@@ -103,6 +104,9 @@ class WorldConfig:
     vg_100k_2_fraction: float = 0.4
     min_objects: int = 2
     max_objects: int = 6
+    shapes: tuple[str, ...] = SHAPES
+    colors: tuple[str, ...] = COLORS
+    materials: tuple[str, ...] = MATERIALS
     captions_per_image: int = 5
     vqa_per_image: int = 6
     gqa_per_image: int = 6
@@ -130,6 +134,14 @@ class WorldConfig:
                 raise ConfigError(f"{name} must be strictly between 0 and 1")
         if self.cc3m_samples_per_shard < 1 or not 1 <= self.jpeg_quality <= 95:
             raise ConfigError("cc3m_samples_per_shard must be >= 1 and jpeg_quality in 1..95")
+        try:
+            self.palette
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
+
+    @property
+    def palette(self) -> Palette:
+        return Palette(tuple(self.shapes), tuple(self.colors), tuple(self.materials))
 
 
 @dataclass(frozen=True)
@@ -171,7 +183,7 @@ def _rng(seed: int, purpose: str, image_id: int) -> random.Random:
 
 def _scene(cfg: WorldConfig, image_id: int, split: str) -> tuple[Scene, Image.Image]:
     return make_scene(image_id, split, cfg.seed, min_objects=cfg.min_objects,
-                      max_objects=cfg.max_objects)
+                      max_objects=cfg.max_objects, palette=cfg.palette)
 
 
 def write_coco_vg(cfg: WorldConfig, out: Path, plan: Sequence[PlannedImage], bar: tqdm) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from pipeline.world.render import Layout, Sprite, paint_ids, render, shape_mask
-from pipeline.world.scene import BACKGROUNDS, COLORS, MATERIALS, SHAPES, SIZES, Scene, WorldObject
+from pipeline.world.scene import BACKGROUNDS, SIZES, Palette, Scene, WorldObject
 
 # Shortest side of an object's rectangle in pixels; the gap keeps "small" and "large" apart.
 SMALL_EXTENT_PX = (34, 48)
@@ -117,7 +117,8 @@ def _near_same_color(ids: np.ndarray, sprites: list[Sprite], sprite: Sprite) -> 
 
 
 def sample_layout(
-    image_id: int, seed: int, *, min_objects: int = 2, max_objects: int = 6
+    image_id: int, seed: int, *, min_objects: int = 2, max_objects: int = 6,
+    palette: Palette = Palette(),
 ) -> Layout:
     """The size, background and back-to-front sprites of image `image_id` of world `seed`.
 
@@ -136,9 +137,9 @@ def sample_layout(
     for _ in range(wanted * 4):
         if len(sprites) == wanted:
             break
-        shape = SHAPES[int(rng.integers(len(SHAPES)))]
-        color = COLORS[int(rng.integers(len(COLORS)))]
-        material = MATERIALS[int(rng.integers(len(MATERIALS)))]
+        shape = palette.shapes[int(rng.integers(len(palette.shapes)))]
+        color = palette.colors[int(rng.integers(len(palette.colors)))]
+        material = palette.materials[int(rng.integers(len(palette.materials)))]
         size = SIZES[int(rng.integers(len(SIZES)))]
         mask = _object_mask(rng, shape, size)
         for _ in range(_TRIES_PER_OBJECT):
@@ -157,7 +158,7 @@ def sample_layout(
     return Layout(width, height, background, tuple(sprites))
 
 
-def scene_of(layout: Layout, image_id: int, split: str) -> Scene:
+def scene_of(layout: Layout, image_id: int, split: str, palette: Palette = Palette()) -> Scene:
     """The ground truth of a layout: visible boxes (x1, y1, x2, y2, pixel edges, x2/y2 exclusive)
     and visible fractions measured on the drawn pixels, objects back to front."""
     ids = paint_ids(layout)
@@ -178,16 +179,18 @@ def scene_of(layout: Layout, image_id: int, split: str) -> Scene:
                 visible=round(float(visible), 4),
             )
         )
-    return Scene(image_id, layout.width, layout.height, layout.background, tuple(objects), split)
+    return Scene(image_id, layout.width, layout.height, layout.background, tuple(objects), split,
+                 palette)
 
 
 def make_scene(image_id: int, split: str, seed: int, *, min_objects: int = 2,
-               max_objects: int = 6) -> tuple[Scene, Image.Image]:
+               max_objects: int = 6, palette: Palette = Palette()) -> tuple[Scene, Image.Image]:
     """Image `image_id` of world `seed`: its ground truth and its RGB picture.
 
-    Deterministic from (seed, image_id) alone (both non-negative integers); `split` is only
-    recorded in the Scene. The image is (height, width) RGB with sides of 180..340 px.
+    Deterministic from (seed, image_id) and the world's object counts and palette (seed and
+    image_id non-negative integers); `split` is only recorded in the Scene. The image is (height, width) RGB with sides of 180..340 px.
     """
-    layout = sample_layout(image_id, seed, min_objects=min_objects, max_objects=max_objects)
+    layout = sample_layout(image_id, seed, min_objects=min_objects, max_objects=max_objects,
+                           palette=palette)
     image = render(layout, np.random.default_rng([seed, image_id, 1]))
-    return scene_of(layout, image_id, split), image
+    return scene_of(layout, image_id, split, palette), image

@@ -21,6 +21,27 @@ BIGGER_RATIO = 1.8
 
 
 @dataclass(frozen=True)
+class Palette:
+    """The shapes, colours and materials a world's objects are drawn from: distinct values of the
+    full vocabulary above (at least two shapes and two colours). A smaller palette makes a world
+    that a small model learns sooner; a world of one material never asks about it."""
+
+    shapes: tuple[str, ...] = SHAPES
+    colors: tuple[str, ...] = COLORS
+    materials: tuple[str, ...] = MATERIALS
+
+    def __post_init__(self) -> None:
+        for name, full, least in (("shapes", SHAPES, 2), ("colors", COLORS, 2),
+                                  ("materials", MATERIALS, 1)):
+            chosen = tuple(getattr(self, name))
+            unknown = [v for v in chosen if v not in full]
+            if unknown or len(set(chosen)) != len(chosen) or len(chosen) < least:
+                raise ValueError(f"{name} must be at least {least} distinct of {', '.join(full)}; "
+                                 f"got {list(chosen)}")
+            object.__setattr__(self, name, chosen)
+
+
+@dataclass(frozen=True)
 class WorldObject:
     """One shape in a scene.
 
@@ -61,7 +82,8 @@ class WorldObject:
 @dataclass(frozen=True)
 class Scene:
     """One image: its id (shared by COCO and Visual Genome when it is in both), size,
-    background texture, objects back to front, and train/val split."""
+    background texture, objects back to front, train/val split, and the world's palette (what
+    questions about absent things may name)."""
 
     image_id: int
     width: int
@@ -69,6 +91,7 @@ class Scene:
     background: str
     objects: tuple[WorldObject, ...]
     split: str
+    palette: Palette = Palette()
 
     def count(self, **where: str) -> int:
         """How many objects match every given field, e.g. count(shape="ball", color="red")."""

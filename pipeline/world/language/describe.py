@@ -10,7 +10,15 @@ from __future__ import annotations
 import random
 from itertools import combinations
 
-from pipeline.world.scene import BIGGER_RATIO, RELATION_MARGIN_PX, RELATIONS, Scene, WorldObject
+from pipeline.world.scene import (
+    BIGGER_RATIO,
+    RELATION_MARGIN_PX,
+    RELATIONS,
+    SIZES,
+    Palette,
+    Scene,
+    WorldObject,
+)
 
 # English adjective order: size, then colour, then material ("small red metal ball").
 ATTRIBUTE_FIELDS = ("size", "color", "material")
@@ -110,6 +118,13 @@ def noun_phrase(spec: Spec, *, plural_noun: bool = False, noun: str = "object",
     head = word(spec["shape"], SHAPE_SYNONYMS) if "shape" in spec else noun
     words.append(plural(head) if plural_noun else head)
     return " ".join(words)
+
+
+def random_spec(palette: Palette, fields: tuple[str, ...], rng: random.Random) -> Spec:
+    """A category over `fields` drawn from the world's palette (present in a scene or not)."""
+    vocab = {"color": palette.colors, "material": palette.materials, "size": SIZES,
+             "shape": palette.shapes}
+    return {f: rng.choice(vocab[f]) for f in fields}
 
 
 def matching(scene: Scene, spec: Spec) -> list[WorldObject]:

@@ -22,6 +22,7 @@ from pipeline.world.language.describe import (
     matching,
     noun_phrase,
     refer,
+    random_spec,
     related_pairs,
     sentence,
     sole_related,
@@ -29,7 +30,7 @@ from pipeline.world.language.describe import (
     with_article,
 )
 from pipeline.world.language.records import GQAQuestion
-from pipeline.world.scene import COLORS, MATERIALS, RELATIONS, SHAPES, Scene, WorldObject
+from pipeline.world.scene import RELATIONS, Scene, WorldObject
 
 # Question ids are str(image_id * ID_STRIDE + k): digit strings like GQA's, unique per image.
 ID_STRIDE = 10_000
@@ -76,14 +77,14 @@ def _yes_no(value: bool) -> str:
     return "yes" if value else "no"
 
 
-def _other_color(color: str, rng: random.Random) -> str:
-    return rng.choice([c for c in COLORS if c != color])
+def _other_color(scene: Scene, color: str, rng: random.Random) -> str:
+    return rng.choice([c for c in scene.palette.colors if c != color])
 
 
 def _color_family(scene: Scene, rng: random.Random, balance: _Balance, target: WorldObject,
                   subject: str) -> list[_Draft]:
     """The query "What color is the <subject>?" and the binary questions it entails."""
-    color, other = target.color, _other_color(target.color, rng)
+    color, other = target.color, _other_color(scene, target.color, rng)
     family = [_Draft(sentence(f"what color is the {subject}", "?"), color,
                      sentence(f"the {subject} is {color}"), "query", "attr", "queryAttr")]
     entailed = []
@@ -138,18 +139,13 @@ def _relation_family(scene: Scene, rng: random.Random, balance: _Balance) -> lis
     return family
 
 
-def _random_spec(rng: random.Random, fields: tuple[str, ...]) -> Spec:
-    vocab = {"color": COLORS, "material": MATERIALS, "size": ("small", "large"), "shape": SHAPES}
-    return {f: rng.choice(vocab[f]) for f in fields}
-
-
 def _present_or_absent(scene: Scene, rng: random.Random, present: bool,
                        fields: tuple[str, ...]) -> Spec | None:
     """A spec over `fields` that some object matches (present) or that none does."""
     if present:
         return spec_of(rng.choice(scene.objects), fields) if scene.objects else None
     for _ in range(20):
-        spec = _random_spec(rng, fields)
+        spec = random_spec(scene.palette, fields, rng)
         if not matching(scene, spec):
             return spec
     return None
@@ -205,7 +201,7 @@ def _logic(scene: Scene, rng: random.Random, balance: _Balance) -> list[_Draft] 
 
 def _same_attribute(scene: Scene, rng: random.Random, balance: _Balance) -> list[_Draft] | None:
     """ "Do the A and the B have the same color?" (or material), A and B named without it."""
-    field = rng.choice(("color", "material"))
+    field = rng.choice(("color", "material") if len(scene.palette.materials) > 1 else ("color",))
     detailed = "sameColor" if field == "color" else "sameMaterial"
     want = balance.want(detailed)
     named = {id(o): noun_phrase(s) for o in scene.objects if (s := refer(scene, o, rng, exclude=(field,)))}

@@ -24,12 +24,13 @@ from pipeline.world.language.describe import (
     refer,
     related_pairs,
     sentence,
+    random_spec,
     sole_related,
     spec_of,
     with_article,
 )
 from pipeline.world.language.records import VQAQuestion
-from pipeline.world.scene import COLORS, RELATIONS, SHAPES, Scene
+from pipeline.world.scene import RELATIONS, Scene
 
 # VQA v2's question types (QuestionTypes/mscoco_question_types.txt); a question's type is the
 # longest of these that its words start with.
@@ -54,6 +55,8 @@ KIND_WEIGHTS = {
     "color": 2.0, "shape": 1.0, "material": 1.0, "count": 2.0, "exist": 2.0,
     "attribute_verify": 1.0, "relation_verify": 1.0, "relation_query": 1.0,
 }
+# The fields of the categories counted and looked for ("how many balls", "is there a red ball").
+_CATEGORY_FIELDS = (("shape",), ("color", "shape"), ("color",), ("material", "shape"), ("size", "shape"))
 MATERIAL_ANSWERS = {"metal": "metal", "wooden": "wood", "plastic": "plastic"}
 
 # Answers a minority of annotators give instead of the true one: near colours, looser shape
@@ -115,6 +118,8 @@ def _shape_questions(scene: Scene, rng: random.Random) -> list[_Candidate]:
 
 
 def _material_questions(scene: Scene, rng: random.Random) -> list[_Candidate]:
+    if len(scene.palette.materials) == 1:  # nothing to tell apart
+        return []
     out = []
     for obj in scene.objects:
         spec = refer(scene, obj, rng, exclude=("material",))
@@ -126,14 +131,13 @@ def _material_questions(scene: Scene, rng: random.Random) -> list[_Candidate]:
 
 
 def _category_specs(scene: Scene, rng: random.Random) -> list[Spec]:
-    """Categories to count or look for: those of the scene's objects and some absent ones."""
+    """Categories to count or look for: each object's, and as many drawn at random over the same
+    fields (present or not, by chance), so a question's wording does not give its answer away."""
     specs: list[Spec] = [{}]
     for obj in scene.objects:
-        for fields in (("shape",), ("color", "shape"), ("color",), ("material", "shape"), ("size", "shape")):
+        for fields in _CATEGORY_FIELDS:
             specs.append(spec_of(obj, fields))
-    for _ in range(len(scene.objects) + 2):
-        specs.append({"shape": rng.choice(SHAPES)})
-        specs.append({"color": rng.choice(COLORS), "shape": rng.choice(SHAPES)})
+            specs.append(random_spec(scene.palette, fields, rng))
     unique = {tuple(sorted(s.items())): s for s in specs}
     return list(unique.values())
 
@@ -171,7 +175,7 @@ def _attribute_verify_questions(scene: Scene, rng: random.Random) -> list[_Candi
         spec = refer(scene, obj, rng, exclude=("color",))
         if spec is None:
             continue
-        other = rng.choice([c for c in COLORS if c != obj.color])
+        other = rng.choice([c for c in scene.palette.colors if c != obj.color])
         for color, answer in ((obj.color, "yes"), (other, "no")):
             out.append(_Candidate(sentence(f"is the {noun_phrase(spec)} {color}", "?"),
                                   answer, "yes/no", "yes/no"))
@@ -218,8 +222,9 @@ _KINDS: dict[str, Callable[[Scene, random.Random], list[_Candidate]]] = {
 
 
 def _same_after_normalising(answer: str, kind: str, rng: random.Random) -> str:
-    """The answer as an annotator might type it: case, a final period, a trailing space,
-    "grey", number words, an article before a noun (all undone by VQA's normalisation)."""
+    """The answer as an annotator might type it: case, a final period, a trailing space, number
+    words, an article before a noun (all undone by VQA's normalisation), or "grey" (which VQA
+    keeps apart from "gray", as real annotators' spellings are)."""
     forms = [answer, answer.capitalize(), answer + ".", answer + " "]
     if answer == "gray":
         forms += ["grey", "Grey"]
