@@ -228,3 +228,28 @@ def test_scratch_run_can_start_its_text_stream_from_bert(pretrain_world, tmp_pat
     both = sets + [f"init={tmp_path / 'x'}"]
     assert finetune("vqa", tmp_path / "run", both) == 2
     assert "set only one" in capsys.readouterr().err
+
+
+def test_features_cache_reads_each_sample_once_and_keeps_to_its_budget(pretrain_world):
+    from pipeline.finetune.data import Features
+
+    directory = str(pretrain_world.shards[0])
+    plain = Features.open([directory])
+    keys = sorted(plain.stores[0].keys())[:6]
+    size = sum(a.nbytes for a in plain[keys[0]].arrays.values())
+    cached = Features.open([directory], cache_mb=1)
+    cached.cache_bytes = 3 * size  # room for about three samples
+    reads = []
+    read = cached._read
+    cached._read = lambda key: reads.append(key) or read(key)
+    for key in keys[:2] * 3:
+        sample = cached[key]
+        assert sample.key == key
+        for name, array in plain[key].arrays.items():
+            assert (sample.arrays[name] == array).all()
+    assert reads == keys[:2]
+    for key in keys:
+        cached[key]
+    assert cached._cached_bytes <= 3 * size and len(cached._cache) >= 2
+    assert list(cached._cache)[-1] == keys[-1] and keys[0] not in cached._cache
+    assert plain[keys[0]].key == keys[0] and not plain._cache

@@ -12,8 +12,8 @@ Rows are (Example, samples) with samples a tuple of one Sample (VQA, GQA) or two
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -69,22 +69,40 @@ def task_examples(task: str, data: TaskDataConfig) -> tuple[list[Example], list[
     return train, val
 
 
-@dataclass
 class Features:
-    """Samples by key over several shard directories."""
+    """Samples by key over several shard directories. The most recently used samples stay decoded
+    in memory up to `cache_bytes` of arrays (least recently used dropped first)."""
 
-    stores: list[FeatureStore]
+    def __init__(self, stores: list[FeatureStore], cache_bytes: int = 0) -> None:
+        self.stores, self.cache_bytes = stores, cache_bytes
+        self._cache: OrderedDict[str, Sample] = OrderedDict()
+        self._cached_bytes = 0
 
     @classmethod
-    def open(cls, directories: Sequence[str]) -> Features:
+    def open(cls, directories: Sequence[str], cache_mb: int = 0) -> Features:
         if not directories:
             raise TaskDataError("data.shards is empty: name the feature shard directories")
-        return cls([FeatureStore(d) for d in directories])
+        return cls([FeatureStore(d) for d in directories], cache_mb * 2**20)
 
     def __contains__(self, key: str) -> bool:
         return any(key in store for store in self.stores)
 
     def __getitem__(self, key: str) -> Sample:
+        sample = self._cache.get(key)
+        if sample is not None:
+            self._cache.move_to_end(key)
+            return sample
+        sample = self._read(key)
+        size = _nbytes(sample)
+        if size <= self.cache_bytes:
+            self._cache[key] = sample
+            self._cached_bytes += size
+            while self._cached_bytes > self.cache_bytes:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached_bytes -= _nbytes(dropped)
+        return sample
+
+    def _read(self, key: str) -> Sample:
         for store in self.stores:
             if key in store:
                 return store[key]
@@ -101,6 +119,10 @@ class Features:
                 f"(first wants {list(missing)})"
             )
         return kept
+
+
+def _nbytes(sample: Sample) -> int:
+    return sum(a.nbytes for a in sample.arrays.values())
 
 
 class TaskStream:

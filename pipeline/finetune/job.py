@@ -115,7 +115,7 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
     set_threads(config.run.threads_per_worker, world)
     data = config.data
     tokenizer = load_tokenizer(data.tokenizer or None)
-    features = Features.open(data.shards)
+    features = Features.open(data.shards, data.cache_mb)
     train, val = task_examples(config.task, data)
     train = features.keep_present(train, "training")
     val = features.keep_present(val, "validation")

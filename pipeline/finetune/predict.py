@@ -78,7 +78,7 @@ def predict_subset(task: str, run_dir: Path, subset: str, *, root: str | None = 
         examples = [e for e in examples if set(e.images) <= held]
         if not examples:
             raise TaskDataError(f"no {subset} example is on the minival images of {holdout}")
-    features = Features.open(data.shards)
+    features = Features.open(data.shards, data.cache_mb)
     missing = [e.id for e in examples if not all(k in features for k in e.images)]
     if missing:
         raise TaskDataError(

