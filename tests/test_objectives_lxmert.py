@@ -149,6 +149,27 @@ def test_matching_swaps_half_the_sentences_for_another_images(tokenizer, big):
         assert pairs[j].image != pairs[i].image
 
 
+def test_match_sources_limit_matching_to_their_rows(tokenizer):
+    pairs, samples = make_rows(250, 4)
+    obj = objective(tokenizer, match_sources=("mscoco",))
+    batch = obj.make_batch(pairs, samples, np.random.default_rng(1), epoch=10)
+    labels = batch.targets["match_labels"]
+    captions = torch.tensor([p.source == "mscoco" for p in pairs])
+    assert (labels[~captions] == IGNORE_INDEX).all()  # questions: no label, own sentence
+    assert within(int((labels[captions] == 0).sum()), int(captions.sum()), 0.5)
+    fed = unmasked_ids(batch)
+    own = encode_texts(tokenizer, [p.sentence for p in pairs], 20)["input_ids"]
+    assert torch.equal(fed[labels != 0], own[labels != 0])
+    row_of = {tuple(own[j].tolist()): j for j in range(len(pairs))}
+    for i in (labels == 0).nonzero().flatten().tolist():  # a caption replaced by another image's
+        j = row_of[tuple(fed[i].tolist())]
+        assert pairs[j].source == "mscoco" and pairs[j].image != pairs[i].image
+    qa = batch.targets["qa_labels"]
+    assert (qa[~captions] != IGNORE_INDEX).any()  # questions keep their QA labels
+    with pytest.raises(ValueError, match="match_sources"):
+        LxmertObjectiveConfig(match_sources=("coco",))
+
+
 def test_one_image_batch_stays_matched(tokenizer):
     pairs, samples = make_rows(2, 6)
     pairs, samples = pairs[6:], samples[6:]  # all rows on image 1

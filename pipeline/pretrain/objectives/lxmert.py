@@ -41,6 +41,7 @@ from model.heads import (
     matching_loss,
     region_class_loss,
 )
+from pipeline.corpus.config import SOURCES
 from pipeline.pretrain.objectives.base import (
     Objective,
     TrainBatch,
@@ -70,6 +71,11 @@ class LxmertObjectiveConfig:
     word_mask_prob: share of wordpieces masked (never [CLS], [SEP], [PAD]).
     object_mask_prob: share of real regions masked.
     match_replace_prob: share of rows whose sentence is replaced by another image's.
+    match_sources: the corpus sources whose rows take part in matching (their sentences replaced,
+        and replacing, only by each other); the other rows keep their sentence and get no
+        matching label. Empty: every source (LXMERT). A question fits any image when the data
+        asks about absent things as often as present ones (the generated world does), so there
+        matching can only be learned, and measured, on descriptions: [mscoco, vg].
     qa_from_epoch: first epoch (0-based) with QA labels; the paper adds QA for the last 10 of 20
         epochs. Before it the QA loss is 0 (no row is labelled) but still present.
     visual_losses: which object-prediction targets to learn: "obj", "attr", "feat".
@@ -86,6 +92,7 @@ class LxmertObjectiveConfig:
     word_mask_prob: float = 0.15
     object_mask_prob: float = 0.15
     match_replace_prob: float = 0.5
+    match_sources: tuple[str, ...] = ()
     qa_from_epoch: int = 10
     visual_losses: tuple[str, ...] = VISUAL_LOSSES
     visual_loss_weight: float = 1 / 0.15
@@ -94,10 +101,14 @@ class LxmertObjectiveConfig:
     def __post_init__(self) -> None:
         # A YAML list arrives as a list; the frozen config keeps a tuple.
         object.__setattr__(self, "visual_losses", tuple(self.visual_losses))
+        object.__setattr__(self, "match_sources", tuple(self.match_sources))
         for name in ("word_mask_prob", "object_mask_prob", "match_replace_prob"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
+        strange = [s for s in self.match_sources if s not in SOURCES]
+        if strange:
+            raise ValueError(f"match_sources {list(strange)}: each must be one of {SOURCES}")
         unknown = [v for v in self.visual_losses if v not in VISUAL_LOSSES]
         if unknown or len(set(self.visual_losses)) != len(self.visual_losses):
             raise ValueError(
@@ -224,11 +235,15 @@ class LxmertObjective(Objective):
         matched = [True] * B
         if cfg.matching:
             replace = rng.random(B) < cfg.match_replace_prob
-            rows = [i for i in range(B) if replace[i]]
-            for i, j in zip(rows, choose_other_rows(images, rows, rng)):
-                if j is not None:
+            taking_part = [not cfg.match_sources or p.source in cfg.match_sources for p in pairs]
+            part = [i for i in range(B) if taking_part[i]]
+            rows = [k for k, i in enumerate(part) if replace[i]]
+            for k, other in zip(rows, choose_other_rows([images[i] for i in part], rows, rng)):
+                if other is not None:
+                    i, j = part[k], part[other]
                     sentences[i], matched[i] = pairs[j].sentence, False
-            targets["match_labels"] = torch.tensor(matched, dtype=torch.long)
+            labels = [int(m) if taking_part[i] else IGNORE_INDEX for i, m in enumerate(matched)]
+            targets["match_labels"] = torch.tensor(labels, dtype=torch.long)
 
         # 2. Text and word masking.
         text = encode_texts(self.tokenizer, sentences, self.max_text_length)
@@ -319,7 +334,7 @@ class LxmertObjective(Objective):
         if cfg.matching:
             logits, labels = out.cross_relationship_score, targets["match_labels"]
             losses["loss_match"] = matching_loss(logits, labels)
-            metrics["match_acc"] = accuracy(logits, labels, torch.ones_like(labels))
+            metrics["match_acc"] = accuracy(logits, labels, labels != IGNORE_INDEX)
         if cfg.object_prediction:
             masked = targets["masked_regions"]
             reduction = "mean" if cfg.confidence_weighting == "official" else "weighted_mean"
