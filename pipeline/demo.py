@@ -25,33 +25,47 @@ from pathlib import Path
 
 from pipeline.config import resolve, to_dict
 
-# Every model of the demo: LXMERT at hidden 64 (layers 2 / 1 / 1), as configs/pretrain/lxmert_tiny.
+# Every model of the demo: configs/pretrain/lxmert_tiny (LXMERT at hidden 64, no dropout) with
+# DemoConfig.cross_layers cross-modality layers.
 PRETRAIN_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "lxmert_tiny.yaml"
 VARIANTS = ("pretrained", "scratch", "language_only")
 
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """world_images / world_seed: the generated world (the bundled detector trained on seed 0);
-    vqa_per_image: VQA questions per image; nlvr2_sentences_per_set: NLVR2 statements written for
-    each set of four image pairs (the world's default 2 leaves 208 training items);
-    minival_images: COCO val images held out from pretraining and fine-tuning, on which VQA is
-    scored. engine: the extraction engine (ray or local). pretrain_epochs / finetune_epochs:
-    passes over the data; batch_size: fine-tuning examples per step. threads: torch threads for
-    training (0: all cores); one, because these hidden-64 models are too small to share: in
-    fresh-clone demo runs on 2 cores, VQA fine-tuning ran at 3.9-4.5 steps/s with two threads
-    and 7.6-8.3 with one."""
+    """The world: world_images / world_seed (the bundled detector was trained on seed 0's default
+    world); min_objects / max_objects per scene and the palette (shapes, colors, materials): a
+    small world, so the hidden-64 model learns it in the demo's minutes (one material, because
+    the bundled detector does not see material: README, "Where learning stands"); vqa_per_image:
+    VQA questions asked per image; nlvr2_sentences_per_set: NLVR2 statements written for each set
+    of four image pairs. minival_images: COCO val images held out from pretraining and
+    fine-tuning, on which VQA is scored. engine: the extraction engine (ray or local).
+    pretrain_epochs / vqa_epochs / nlvr2_epochs: passes over the data; batch_size: fine-tuning
+    examples per step. cross_layers: the small LXMERT's cross-modality layers (its language and
+    object encoders have 2 and 1); a second one answered relation and shape questions sooner.
+    threads: torch threads per training run (0: all cores); one, because these
+    hidden-64 models are too small to share a step between cores (VQA fine-tuning ran at 3.9-4.5
+    steps/s with two threads and 7.6-8.3 with one). parallel: fine-tuning runs at once, each in
+    its own process (output in its run directory's train.log), so both cores work."""
 
     world_images: int = 600
     world_seed: int = 7
-    vqa_per_image: int = 15
+    min_objects: int = 1
+    max_objects: int = 3
+    shapes: tuple[str, ...] = ("ball", "box", "triangle", "star")
+    colors: tuple[str, ...] = ("red", "blue", "green", "yellow", "white")
+    materials: tuple[str, ...] = ("plastic",)
+    vqa_per_image: int = 30
     nlvr2_sentences_per_set: int = 8
     minival_images: int = 40
     engine: str = "ray"
-    pretrain_epochs: int = 2
-    finetune_epochs: int = 4
+    pretrain_epochs: int = 4
+    vqa_epochs: int = 16
+    nlvr2_epochs: int = 32
     batch_size: int = 32
+    cross_layers: int = 2
     threads: int = 1
+    parallel: int = 2
 
 
 class Steps:
@@ -78,6 +92,8 @@ def _world(cfg: DemoConfig, out: Path) -> Path:
 
         shutil.rmtree(world)
     generate_world(WorldConfig(images=cfg.world_images, seed=cfg.world_seed,
+                               min_objects=cfg.min_objects, max_objects=cfg.max_objects,
+                               shapes=cfg.shapes, colors=cfg.colors, materials=cfg.materials,
                                vqa_per_image=cfg.vqa_per_image,
                                nlvr2_sentences_per_set=cfg.nlvr2_sentences_per_set), world)
     return world
@@ -137,17 +153,86 @@ def _train(kind: str, config, run: Path) -> None:
     done.write_text("")
 
 
-def _pretrain(cfg: DemoConfig, corpus: Path, coco: Path, out: Path):
+def _pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path):
     from pipeline.pretrain.config import load_config
 
-    config = load_config(PRETRAIN_CONFIG, [
+    return load_config(PRETRAIN_CONFIG, [
         f"data.corpus={corpus}", f"data.shards=[{coco}]", "data.train_splits=[train,nominival]",
+        f"model.cross_layers={cfg.cross_layers}",
         "run.workers=0", f"run.epochs={cfg.pretrain_epochs}", "run.log_every=10",
         f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200",
     ])
-    run = out / "runs" / "pretrain"
-    _train("pretrain", config, run)
-    return config, run
+
+
+def _train_logged(kind: str, config, run: Path) -> float:
+    """`_train` in a worker process with its output in run/train.log; returns its seconds."""
+    import contextlib
+
+    run.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(run / "train.log", "a") as log, contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
+        _train(kind, config, run)
+    return time.perf_counter() - start
+
+
+def _last_step(run: Path) -> int:
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.is_file() else []
+    return json.loads(lines[-1])["step"] if lines else 0
+
+
+class Trainings:
+    """Training runs, `parallel` at once in worker processes (each run's output in its
+    train.log), with a progress line every half minute; with parallel <= 1 each run trains in
+    this process when it is submitted. A finished run (its `done` file) is not trained again."""
+
+    def __init__(self, parallel: int) -> None:
+        self.parallel, self.pool, self.futures = parallel, None, {}
+        if parallel > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            context = multiprocessing.get_context("spawn")  # no forked torch threads or Ray state
+            self.pool = ProcessPoolExecutor(parallel, mp_context=context)
+
+    def __enter__(self) -> Trainings:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def submit(self, name: str, kind: str, config, run: Path) -> None:
+        if (run / "done").is_file():
+            print(f"{name}: {run}: trained already")
+        elif self.pool is None:
+            print(f"\n{name}:")
+            _train(kind, config, run)
+        else:
+            print(f"{name}: queued (output: {run / 'train.log'})", flush=True)
+            self.futures[self.pool.submit(_train_logged, kind, config, run)] = (name, run)
+
+    def wait(self, name: str | None = None) -> None:
+        """Until run `name` (None: every run) has finished."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        def waiting() -> bool:
+            names = [n for n, _ in self.futures.values()]
+            return name in names if name else bool(names)
+
+        while waiting():
+            finished, _ = wait(list(self.futures), timeout=30, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done, run = self.futures.pop(future)
+                if future.exception() is not None:
+                    print(f"{done}: failed; its output is in {run / 'train.log'}")
+                    raise future.exception()
+                print(f"{done}: trained in {future.result():.0f} s", flush=True)
+            steps = [f"{n} at step {_last_step(run)}" for n, run in self.futures.values()
+                     if _last_step(run)]
+            if steps and not finished:
+                print("  " + ", ".join(steps), flush=True)
 
 
 def _finetune_config(task: str, cfg: DemoConfig, variant: str, pretrain_config, pretrain_run: Path,
@@ -162,7 +247,7 @@ def _finetune_config(task: str, cfg: DemoConfig, variant: str, pretrain_config, 
         data = [f"data.root={world / 'nlvr2'}", "data.train=[train]", "data.val=dev"]
     sets = data + [
         f"data.shards=[{shards}]", f"data.batch_size={cfg.batch_size}", "run.workers=0",
-        f"run.epochs={cfg.finetune_epochs}", "run.log_every=10",
+        f"run.epochs={cfg.vqa_epochs if task == 'vqa' else cfg.nlvr2_epochs}", "run.log_every=10",
         f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200", "optim.lr=1e-3",
     ]
     if variant != "scratch":
@@ -246,17 +331,29 @@ def run_demo(args) -> int:
     _extract(cfg, "nlvr2", world / "nlvr2", nlvr2)
     step("build the pretraining corpus")
     corpus = _corpus(cfg, world, out)
-    step("pretrain a small LXMERT")
-    pretrain_config, pretrain_run = _pretrain(cfg, corpus, coco, out)
-    step("fine-tune VQA and NLVR2: pretrained, from scratch, language-only")
-    runs = {}
-    for task, shards in (("vqa", coco), ("nlvr2", nlvr2)):
-        for variant in VARIANTS:
-            print(f"\n{task}, {variant}:")
-            run = out / "runs" / f"{task}_{variant}"
-            _train("finetune", _finetune_config(task, cfg, variant, pretrain_config, pretrain_run,
-                                                world, corpus, shards), run)
-            runs[task, variant] = run
+    pretrain_config = _pretrain_config(cfg, corpus, coco)
+    pretrain_run = out / "runs" / "pretrain"
+    runs = {(task, variant): out / "runs" / f"{task}_{variant}"
+            for task in ("vqa", "nlvr2") for variant in VARIANTS}
+    shards = {"vqa": coco, "nlvr2": nlvr2}
+
+    def finetune(task: str, variant: str) -> None:
+        config = _finetune_config(task, cfg, variant, pretrain_config, pretrain_run, world,
+                                  corpus, shards[task])
+        trainings.submit(f"{task} {variant}", "finetune", config, runs[task, variant])
+
+    with Trainings(cfg.parallel) as trainings:
+        # The from-scratch runs need no pretrained model: they train beside the pretraining.
+        step("pretrain a small LXMERT; meanwhile fine-tune VQA and NLVR2 from scratch")
+        trainings.submit("pretrain", "pretrain", pretrain_config, pretrain_run)
+        for task in ("vqa", "nlvr2"):
+            finetune(task, "scratch")
+        trainings.wait("pretrain")
+        step("fine-tune VQA and NLVR2 from the pretrained model, with and without the image")
+        for task in ("vqa", "nlvr2"):
+            for variant in ("pretrained", "language_only"):
+                finetune(task, variant)
+        trainings.wait()
     step("score the held-out splits with the official metrics")
     results = {
         "vqa": {v: _score("vqa", runs["vqa", v], world, corpus)["accuracy"] for v in VARIANTS},
