@@ -357,8 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate a synthetic world, extract its images with Ray and the bundled "
         "detector, pretrain a small LXMERT, fine-tune VQA and NLVR2 (pretrained, from scratch, "
         "language-only), score the held-out splits with the official metrics; prints the table, "
-        "writes OUT/results.json and OUT/pictures/. About 15 minutes on 2 CPU cores; a second run "
-        "reuses what the first finished. Sizes: --set world_images=... (see pipeline/demo.py).",
+        "writes OUT/results.json and OUT/pictures/. About 11 minutes on 2 CPU cores, two training "
+        "runs at a time; a second run reuses what the first finished. Sizes and world: --set "
+        "world_images=..., --set vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo.py).",
     )
     demo.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
     _config_args(demo)

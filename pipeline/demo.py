@@ -4,9 +4,10 @@
 2. load the bundled world detector (pipeline/assets/, trained by `pipeline detector train`);
 3. extract the COCO and NLVR2 images with Ray (`pipeline extract`), then verify the shards;
 4. build the LXMERT pretraining corpus (`pipeline corpus build`, minival held out);
-5. pretrain a small LXMERT (`pipeline pretrain`, the paper's five tasks);
-6. fine-tune VQA and NLVR2 three ways (`pipeline finetune`): from the pretrained model, from
-   scratch, and language-only (the pretrained model with every region zeroed);
+5. pretrain a small LXMERT (`pipeline pretrain`, the paper's five tasks) and, beside it,
+   fine-tune VQA and NLVR2 from scratch (`pipeline finetune`);
+6. fine-tune VQA and NLVR2 from the pretrained model, as it is and language-only (every region
+   zeroed). Training runs go two at a time, one per core, each in a worker process;
 7. predict the held-out splits and score them with the official metrics (`pipeline predict`,
    `pipeline evaluate`): VQA on the minival images, NLVR2 on dev;
 8. print the table, write it to results.json, and draw one held-out VQA example's regions and
@@ -45,8 +46,8 @@ class DemoConfig:
     object encoders have 2 and 1); a second one answered relation and shape questions sooner.
     threads: torch threads per training run (0: all cores); one, because these
     hidden-64 models are too small to share a step between cores (VQA fine-tuning ran at 3.9-4.5
-    steps/s with two threads and 7.6-8.3 with one). parallel: fine-tuning runs at once, each in
-    its own process (output in its run directory's train.log), so both cores work."""
+    steps/s with two threads and 7.6-8.3 with one). parallel: training runs at once, each in its
+    own process (output in its run directory's train.log), so both cores work."""
 
     world_images: int = 600
     world_seed: int = 7
@@ -188,7 +189,7 @@ class Trainings:
     this process when it is submitted. A finished run (its `done` file) is not trained again."""
 
     def __init__(self, parallel: int) -> None:
-        self.parallel, self.pool, self.futures = parallel, None, {}
+        self.pool, self.futures = None, {}
         if parallel > 1:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
