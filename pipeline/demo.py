@@ -140,18 +140,14 @@ def _corpus(cfg: DemoConfig, world: Path, out: Path) -> Path:
 
 
 def _train(kind: str, config, run: Path) -> None:
-    """A pretraining or fine-tuning run in this process; a finished run is kept, a broken one
-    resumed from its last checkpoint."""
+    """A pretraining or fine-tuning run in this process, resumed from its last checkpoint if an
+    earlier one broke off; its `done` file marks it finished (Trainings skips it then)."""
     from pipeline.pretrain.checkpoint import latest_checkpoint
     from pipeline.pretrain.ray_run import run_pretrain
 
-    done = run / "done"
-    if done.is_file():
-        print(f"{run}: trained already")
-        return
     resume = latest_checkpoint(run) is not None
     run_pretrain(config, run, resume=resume, kind=kind)
-    done.write_text("")
+    (run / "done").write_text("")
 
 
 def _pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path):
@@ -230,8 +226,8 @@ class Trainings:
                     print(f"{done}: failed; its output is in {run / 'train.log'}")
                     raise future.exception()
                 print(f"{done}: trained in {future.result():.0f} s", flush=True)
-            steps = [f"{n} at step {_last_step(run)}" for n, run in self.futures.values()
-                     if _last_step(run)]
+            at = {n: _last_step(run) for n, run in self.futures.values()}
+            steps = [f"{n} at step {step}" for n, step in at.items() if step]
             if steps and not finished:
                 print("  " + ", ".join(steps), flush=True)
 

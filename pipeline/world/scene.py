@@ -40,6 +40,11 @@ class Palette:
                                  f"got {list(chosen)}")
             object.__setattr__(self, name, chosen)
 
+    @property
+    def materials_vary(self) -> bool:
+        """Whether material tells objects apart (else nothing asks about it)."""
+        return len(self.materials) > 1
+
 
 @dataclass(frozen=True)
 class WorldObject:

@@ -201,7 +201,7 @@ def _logic(scene: Scene, rng: random.Random, balance: _Balance) -> list[_Draft] 
 
 def _same_attribute(scene: Scene, rng: random.Random, balance: _Balance) -> list[_Draft] | None:
     """ "Do the A and the B have the same color?" (or material), A and B named without it."""
-    field = rng.choice(("color", "material") if len(scene.palette.materials) > 1 else ("color",))
+    field = rng.choice(("color", "material") if scene.palette.materials_vary else ("color",))
     detailed = "sameColor" if field == "color" else "sameMaterial"
     want = balance.want(detailed)
     named = {id(o): noun_phrase(s) for o in scene.objects if (s := refer(scene, o, rng, exclude=(field,)))}

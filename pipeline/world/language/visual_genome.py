@@ -77,7 +77,7 @@ def vg_question_answers(scene: Scene, rng: random.Random, first_qa_id: int) -> l
     place = rng.choice(BACKGROUND_PHRASES[scene.background])
     for obj in rng.sample(scene.objects, len(scene.objects)):
         kinds = ("color", "where", "shape", "material")
-        kind = rng.choice(kinds if len(scene.palette.materials) > 1 else kinds[:-1])
+        kind = rng.choice(kinds if scene.palette.materials_vary else kinds[:-1])
         spec = refer(scene, obj, rng, exclude=(kind,) if kind in ("color", "shape", "material") else ())
         if spec is None:
             continue

@@ -118,7 +118,7 @@ def _shape_questions(scene: Scene, rng: random.Random) -> list[_Candidate]:
 
 
 def _material_questions(scene: Scene, rng: random.Random) -> list[_Candidate]:
-    if len(scene.palette.materials) == 1:  # nothing to tell apart
+    if not scene.palette.materials_vary:
         return []
     out = []
     for obj in scene.objects:
