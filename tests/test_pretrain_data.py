@@ -309,8 +309,12 @@ def test_corrupt_member_names_shard_and_key(data):
 def test_validation_fixed_order_split_over_ranks(tmp_path):
     shard_keys = write_shards(tmp_path / "shards")
     pairs = load_pairs(write_corpus(tmp_path / "corpus"), ["train", "minival"])
-    expected = [(id(p), k) for path in sorted(shard_keys) for k in shard_keys[path]
-                for p in pairs.get(k, ())]
+    keys = [k for path in sorted(shard_keys) for k in shard_keys[path] if k in pairs]
+    expected = []  # four images at a time: their first pairs, then their second pairs, ...
+    for first in range(0, len(keys), 4):
+        window = keys[first:first + 4]
+        for depth in range(max(len(pairs[k]) for k in window)):
+            expected += [(id(pairs[k][depth]), k) for k in window if depth < len(pairs[k])]
     got = []
     for rank in range(2):
         v = ValidationStream(list(shard_keys), pairs, batch_size=4, rank=rank, world_size=2)

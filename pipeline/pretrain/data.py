@@ -26,8 +26,11 @@ reference, so besides the batch in use at most `shuffle_buffer` + 1 Samples are 
 36 regions x 2048 float16 features: 147 KB each, plus 115 KB with class probabilities).
 
 Validation (`ValidationStream`): fixed order, no shuffle: shards sorted by path, samples in file
-order, each image's pairs in corpus order; rank r takes the r-th of W contiguous, equal (to one
-row) slices of that sequence, in batches of batch_size with a shorter last batch. Every pair is
+order, taken batch_size images at a time and their pairs interleaved (each image's first pair,
+then each one's second, ...), so that a batch shows many images as a shuffled training batch does
+(matching draws its mismatched sentences from the batch: batches of one image's rows would be
+all matched); rank r takes the r-th of W contiguous, equal (to one row) slices of that sequence,
+in batches of batch_size with a shorter last batch. Every pair is
 used exactly once over the ranks; ranks may differ by one batch, so validate without a collective
 per batch (the unwrapped module under no_grad, metrics all-reduced once at the end).
 
@@ -422,6 +425,20 @@ def expand_pairs(
             yield pair, sample
 
 
+def interleave_pairs(
+    samples: Iterable[tuple[str, Sample | None]],
+    pairs_by_image: dict[str, list[Pair]],
+    window: int,
+) -> Iterator[tuple[Pair, Sample | None]]:
+    """The rows of `window` consecutive images at a time, round robin: each image's first pair,
+    then each one's second, and so on."""
+    samples = iter(samples)
+    while group := list(islice(samples, window)):
+        queues = [[(pair, sample) for pair in pairs_by_image[key]] for key, sample in group]
+        for depth in range(max(len(queue) for queue in queues)):
+            yield from (queue[depth] for queue in queues if depth < len(queue))
+
+
 def batched(rows: Iterable[Row], batch_size: int) -> Iterator[list[Row]]:
     """Lists of exactly batch_size rows; a shorter tail is an error (the caller counted rows)."""
     rows = iter(rows)
@@ -603,15 +620,17 @@ class ValidationStream:
 
     def batches(self) -> Iterator[list[Row]]:
         """This rank's batches: batch_size rows each, the last one possibly shorter."""
+        keys = [key for shard in self._shards for key in shard.keys]
         wanted, position = set(), 0
-        for shard in self._shards:
-            for key in shard.keys:
-                count = len(self.pairs_by_image[key])
-                if position < self.end and position + count > self.start:
-                    wanted.add(key)
-                position += count
+        for first in range(0, len(keys), self.batch_size):
+            window = keys[first : first + self.batch_size]
+            count = sum(len(self.pairs_by_image[key]) for key in window)
+            if position < self.end and position + count > self.start:
+                wanted.update(window)
+            position += count
         groups = joined_members(self._shards, wanted.__contains__)
-        rows = expand_pairs(decode_joined(groups, self.max_boxes), self.pairs_by_image)
+        samples = decode_joined(groups, self.max_boxes)
+        rows = interleave_pairs(samples, self.pairs_by_image, self.batch_size)
         rows = iter(islice(rows, self.start, self.end))
         while batch := list(islice(rows, self.batch_size)):
             yield batch
