@@ -64,7 +64,8 @@ def train_losses(run_dir: Path) -> dict[int, dict[str, float]]:
 
 def test_lxmert_run_records_and_learns(pretrain_world, tmp_path):
     out = tmp_path / "run"
-    config = tiny_config(pretrain_world, "lxmert", "run.epochs=3", "run.checkpoint_every=40")
+    config = tiny_config(pretrain_world, "lxmert", "run.epochs=3", "run.checkpoint_every=40",
+                         "objective.qa_from_epoch=1")
     final = run_pretrain(config, out)
 
     records = read_metrics(out)
@@ -82,6 +83,10 @@ def test_lxmert_run_records_and_learns(pretrain_world, tmp_path):
     assert [r["step"] for r in val] == [per_epoch, 2 * per_epoch, 3 * per_epoch]  # epoch ends
     assert {"mlm_acc", "match_acc", "obj_acc", "qa_acc"} <= set(final)
     assert final == val[-1] and final["pairs"] > 0
+    # QA trains from epoch 1 on; validation scores it from the start.
+    assert all(r["loss_qa"] == 0 for r in train if r["epoch"] == 0)
+    assert all(r["loss_qa"] > 0 for r in train if r["epoch"] == 1)
+    assert val[0]["loss_qa"] > 0
 
     # every 40 steps and at the end, the latest two kept (run.keep_checkpoints)
     assert [p.name for p in checkpoint_dirs(out)] == [f"step_{80:08d}", f"step_{len(train):08d}"]

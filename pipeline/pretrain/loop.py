@@ -240,6 +240,8 @@ class Trainer:
 
     def _batch(self, epoch: int, index: int, rows: list, *, val: bool = False):
         rng = np.random.default_rng([self.config.run.seed, epoch, index, self.rank, int(val)])
+        if val:  # validation scores every task the run trains, also those that start later
+            epoch = self.config.run.epochs - 1
         texts = None
         if self.texts is not None and not val:
             texts = self.texts.texts(self.position.step * self.config.optim.accumulation + index)
