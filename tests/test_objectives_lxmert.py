@@ -255,6 +255,22 @@ def test_qa_labels(tokenizer, big):
     assert (late.targets["qa_labels"] != IGNORE_INDEX).any()
 
 
+
+def test_words_masked_from_mlm_from_epoch(tokenizer):
+    pairs, samples = make_rows(20, 4)
+    obj = objective(tokenizer, matching=False, mlm_from_epoch=2)
+    whole = encode_texts(tokenizer, [p.sentence for p in pairs], 20)["input_ids"]
+    early = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=1)
+    assert torch.equal(early.inputs["input_ids"], whole)  # fed whole, nothing to predict
+    assert (early.targets["mlm_labels"] == IGNORE_INDEX).all()
+    assert not early.inputs["mlm_positions"].any()
+    late = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=2)
+    masked = late.targets["mlm_labels"] != IGNORE_INDEX
+    assert masked.sum() > 40  # about 15% of some 900 wordpieces
+    assert torch.equal(late.targets["mlm_labels"][masked], whole[masked])
+    with pytest.raises(ValueError, match="mlm_from_epoch must be >= 0"):
+        LxmertObjectiveConfig(mlm_from_epoch=-1)
+
 def test_same_seed_same_batch(tokenizer):
     pairs, samples = make_rows(10, 3)
     a = objective(tokenizer).make_batch(pairs, samples, np.random.default_rng(5), epoch=10)

@@ -5,9 +5,9 @@ make_batch, per row of the batch, in this order (every draw from the trainer's `
 1. matching: with `match_replace_prob` the sentence is replaced by the sentence of another row
    whose image differs (the official code draws from the whole dataset; we draw from the batch),
    label 0; otherwise label 1. A batch with a single image keeps every row matched.
-2. text: `[CLS] wordpieces [SEP]`, at most max_text_length tokens, [PAD] = 0; BERT masking of
-   `word_mask_prob` of the wordpieces of the sentence actually fed (mismatched ones too, as the
-   official code does).
+2. text: `[CLS] wordpieces [SEP]`, at most max_text_length tokens, [PAD] = 0; from epoch
+   `mlm_from_epoch` on, BERT masking of `word_mask_prob` of the wordpieces of the sentence
+   actually fed (mismatched ones too, as the official code does).
 3. objects: `object_mask_prob` of the real regions are chosen; 80% get a zero feature, 10% the
    feature of a random region of another image in the batch (official: of a random image of the
    dataset), 10% stay. Targets: detector object / attribute ids (CE) and the original feature
@@ -78,6 +78,10 @@ class LxmertObjectiveConfig:
         matching can only be learned, and measured, on descriptions: [mscoco, vg].
     qa_from_epoch: first epoch (0-based) with QA labels; the paper adds QA for the last 10 of 20
         epochs. Before it the QA loss is 0 (no row is labelled) but still present.
+    mlm_from_epoch: first epoch with masked words (0: the paper's, from the start). Before it
+        sentences are fed whole and the masked-LM loss is 0. In a model learned from scratch the
+        masked LM's gradient can keep matching at chance (README, "Where learning stands");
+        matching learned first survives the masked LM that follows.
     visual_losses: which object-prediction targets to learn: "obj", "attr", "feat".
     visual_loss_weight: factor on each visual loss (1 / 0.15 officially, undoing the mean over all
         regions of which about 15% count). With "masked" weighting the losses are already means
@@ -94,6 +98,7 @@ class LxmertObjectiveConfig:
     match_replace_prob: float = 0.5
     match_sources: tuple[str, ...] = ()
     qa_from_epoch: int = 10
+    mlm_from_epoch: int = 0
     visual_losses: tuple[str, ...] = VISUAL_LOSSES
     visual_loss_weight: float = 1 / 0.15
     confidence_weighting: str = "official"
@@ -120,8 +125,9 @@ class LxmertObjectiveConfig:
             raise ValueError(
                 f"confidence_weighting {self.confidence_weighting!r} not in {CONFIDENCE_WEIGHTINGS}"
             )
-        if self.qa_from_epoch < 0:
-            raise ValueError(f"qa_from_epoch must be >= 0, got {self.qa_from_epoch}")
+        for name in ("qa_from_epoch", "mlm_from_epoch"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 def mask_regions(
@@ -248,7 +254,7 @@ class LxmertObjective(Objective):
         # 2. Text and word masking.
         text = encode_texts(self.tokenizer, sentences, self.max_text_length)
         input_ids = text["input_ids"]  # (B, T)
-        if cfg.mlm:
+        if cfg.mlm and epoch >= cfg.mlm_from_epoch:
             maskable = ~torch.isin(input_ids, self.special_ids) & text["attention_mask"].bool()
             input_ids, targets["mlm_labels"] = mask_tokens(
                 input_ids,
@@ -258,6 +264,8 @@ class LxmertObjective(Objective):
                 mask_id=self.tokenizer.mask_token_id,
                 vocab_size=len(self.tokenizer),
             )
+        elif cfg.mlm:
+            targets["mlm_labels"] = torch.full_like(input_ids, IGNORE_INDEX)
         inputs.update(text, input_ids=input_ids)
         if cfg.mlm:
             inputs["mlm_positions"] = mlm_positions(targets["mlm_labels"])  # (B, T) bool
