@@ -1,0 +1,93 @@
+"""The tiny LXMERT pretrained by two Ray Train workers (DDP over gloo, on the CPU) on a generated
+world's COCO and Visual Genome shards and corpus, with every LXMERT task: the losses fall and
+masked-object prediction beats the commonest detected label by far on the held-out minival images.
+The pretraining issue's matching bar (more than 90% of held-out caption and region-description
+pairs) is not met yet, and is marked so (xfail, strict: it fails the run once it passes).
+
+Slow (a world to generate and extract, then about 12,000 training steps, some 20 minutes on two
+cores): opt in with `-m slow`."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.pretrain.config import load_config
+from pipeline.pretrain.logs import read_metrics
+from pipeline.pretrain.ray_run import run_pretrain
+from shards.reader import iter_samples
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).parents[1]
+# The demo's small world (README, "Where learning stands"), with a quarter of COCO in val2014 so
+# that 120 minival images are held out.
+WORLD = ["min_objects=1", "max_objects=3", "coco_val_fraction=0.25",
+         "vqa_per_image=10", "shapes=[ball, box, triangle, star]",
+         "colors=[red, blue, green, yellow, white]", "materials=[plastic]"]
+MINIVAL_IMAGES = 120
+TRAINING = ["run.workers=2", "data.batch_size=32", "optim.lr=1e-3", "run.epochs=14",
+            "model.cross_layers=2", "objective.match_sources=[mscoco, vg]",
+            "objective.mlm_from_epoch=7",
+            "run.log_every=10", "run.checkpoint_every=500"]
+
+
+def prepare(root: Path) -> tuple[Path, list[Path]]:
+    world = root / "world"
+    sets = [a for s in WORLD for a in ("--set", s)]
+    assert main(["world", "generate", "--out", str(world), "--images", "1500", "--seed", "11",
+                 *sets]) == 0
+    corpus = root / "corpus"
+    assert main(["corpus", "build", "--config", str(ROOT / "configs" / "corpus" / "world.yaml"),
+                 "--root", str(world), "--out", str(corpus),
+                 "--set", f"minival_images={MINIVAL_IMAGES}"]) == 0
+    from pipeline.detector_train import bundled_detector
+
+    config, weights = bundled_detector()
+    shards = []
+    for dataset in ("coco", "vg"):
+        out = root / "feats" / dataset
+        assert main(["extract", "--dataset", dataset, "--root", str(world / dataset),
+                     "--out", str(out), "--config", str(config), "--weights", str(weights),
+                     "--device", "cpu", "--engine", "local", "--set", "output.shard_size=64"]) == 0
+        shards.append(out)
+    return corpus, shards
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path, dict]:
+    root = tmp_path_factory.mktemp("matching")
+    corpus, shards = prepare(root)
+    listed = ",".join(str(s) for s in shards)
+    config = load_config(ROOT / "configs" / "pretrain" / "lxmert_tiny.yaml",
+                         [f"data.corpus={corpus}", f"data.shards=[{listed}]", *TRAINING])
+    run = root / "run"
+    return run, shards[0], run_pretrain(config, run)
+
+
+def test_two_workers_losses_fall_and_objects_are_learned(trained):
+    run, coco, final = trained
+    train = [r for r in read_metrics(run) if "split" not in r]
+    early = [r for r in train if r["epoch"] == 0][:20]
+    late = [r for r in train if r["epoch"] == 6][-20:]  # before the masked LM joins
+    for task in ("loss_match", "loss_obj", "loss_attr", "loss_feat", "loss_qa"):
+        assert sum(r[task] for r in late) < 0.8 * sum(r[task] for r in early), task
+    mlm = [r["loss_mlm"] for r in train if r["epoch"] >= 7]
+    assert sum(mlm[-20:]) < 0.5 * sum(mlm[:20])
+
+    minival = {json.loads(line)["image"]
+               for line in (run.parent / "corpus" / "minival.jsonl").read_text().splitlines()}
+    labels = Counter(int(label) for sample in iter_samples(coco) if sample.key in minival
+                     for label in sample.arrays["object_ids"])
+    majority = max(labels.values()) / sum(labels.values())
+    assert final["obj_acc"] > majority + 0.3, (final["obj_acc"], majority)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the region features do not show the background that captions and region descriptions name: "
+    "held-out matching reaches 0.85 (README, 'Where pretraining stands')"))
+def test_two_workers_match_held_out_pairs(trained):
+    _, _, final = trained
+    assert final["match_acc"] > 0.90, final
