@@ -117,7 +117,8 @@ def evaluate_detections(
     max_dets: int = 100,
 ) -> DetectionMetrics:
     """AP per class at `iou_thresh`, mAP over classes with ground truth, and the attribute
-    accuracy of the true positives (counted only where both sides carry attr_ids)."""
+    accuracy of the true positives (counted only where both sides carry attr_ids and the matched
+    ground truth has an attribute: attr id -1, e.g. the ground's, is not scored)."""
     if len(detections) != len(ground_truth):
         raise ValueError(f"{len(detections)} detection lists for {len(ground_truth)} images")
     classes = sorted({int(c) for gt in ground_truth for c in np.asarray(gt.labels).ravel()})
@@ -141,11 +142,13 @@ def evaluate_detections(
             per_class[c][0].append(det_scores[det_idx])
             per_class[c][1].append(matched >= 0)
             if det.attr_ids is not None and gt.attr_ids is not None:
+                expected = np.full(len(det_idx), -1, dtype=np.int64)
                 hit = matched >= 0
-                true_positives += int(hit.sum())
-                predicted = np.asarray(det.attr_ids).ravel()[det_idx[hit]]
-                expected = np.asarray(gt.attr_ids).ravel()[gt_idx[matched[hit]]]
-                attr_correct += int((predicted == expected).sum())
+                expected[hit] = np.asarray(gt.attr_ids).ravel()[gt_idx[matched[hit]]]
+                counted = expected >= 0
+                true_positives += int(counted.sum())
+                predicted = np.asarray(det.attr_ids).ravel()[det_idx[counted]]
+                attr_correct += int((predicted == expected[counted]).sum())
     ap = {}
     for c in classes:
         scores, hits = per_class[c]

@@ -76,5 +76,7 @@ def test_world_batches_have_no_padding(tmp_path):
             boxes = target.boxes_xyxy
             assert len(boxes) > 0
             assert (boxes[:, 2] > boxes[:, 0]).all() and (boxes[:, 3] > boxes[:, 1]).all()
-            assert boxes.min() >= 0 and (boxes[:, 2] <= width).all()
-            assert (boxes[:, 3] <= height).all()
+            # Inside the batch, up to float32 rounding of the scale (the ground's box, the whole
+            # image, ends on the crop's edge).
+            assert boxes.min() >= 0 and (boxes[:, 2] <= width + 1e-3).all()
+            assert (boxes[:, 3] <= height + 1e-3).all()

@@ -189,6 +189,15 @@ def test_attribute_accuracy_on_true_positives_only():
     assert metrics.attr_accuracy == 0.5
 
 
+def test_attribute_accuracy_skips_ground_truth_without_attribute():
+    # The second object (the ground, say) has no attribute: its true positive scores no colour.
+    gt = _gt([[0, 0, 10, 10], [0, 0, 50, 50]], [0, 1], attrs=[5, -1])
+    det = _det([[0, 0, 10, 10], [0, 0, 50, 50]], [0.9, 0.8], [0, 1], attrs=[5, 9])
+    metrics = evaluate_detections([det], [gt])
+    assert metrics.map == pytest.approx(1.0)
+    assert (metrics.true_positives, metrics.attr_correct) == (1, 1)
+
+
 def test_restrict_attributes_limits_the_argmax():
     layer = torch.nn.Linear(3, 6)
     with torch.no_grad():

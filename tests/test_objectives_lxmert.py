@@ -271,6 +271,22 @@ def test_words_masked_from_mlm_from_epoch(tokenizer):
     with pytest.raises(ValueError, match="mlm_from_epoch must be >= 0"):
         LxmertObjectiveConfig(mlm_from_epoch=-1)
 
+def test_whole_batch_masks_nothing_but_still_swaps(tokenizer):
+    pairs, samples = make_rows(20, 4)
+    batch = objective(tokenizer).make_batch(pairs, samples, np.random.default_rng(0), epoch=10,
+                                            whole=True)
+    matched = batch.targets["match_labels"] == 1
+    assert 0.3 < matched.float().mean() < 0.7  # sentences still swapped for matching
+    # every sentence fed as it is, none of the 1,800 or so regions masked or swapped
+    fed = [p.sentence if m else None for p, m in zip(pairs, matched.tolist())]
+    ids = encode_texts(tokenizer, [f for f in fed if f is not None], 20)["input_ids"]
+    width = ids.shape[1]
+    assert torch.equal(batch.inputs["input_ids"][matched][:, :width], ids)
+    assert (batch.targets["mlm_labels"] == IGNORE_INDEX).all()
+    assert not batch.targets["masked_regions"].any()
+    assert torch.equal(batch.inputs["features"], batch.targets["feat_target"])
+
+
 def test_same_seed_same_batch(tokenizer):
     pairs, samples = make_rows(10, 3)
     a = objective(tokenizer).make_batch(pairs, samples, np.random.default_rng(5), epoch=10)

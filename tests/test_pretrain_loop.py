@@ -82,6 +82,9 @@ def test_lxmert_run_records_and_learns(pretrain_world, tmp_path):
     per_epoch = len(train) // 3
     assert [r["step"] for r in val] == [per_epoch, 2 * per_epoch, 3 * per_epoch]  # epoch ends
     assert {"mlm_acc", "match_acc", "obj_acc", "qa_acc"} <= set(final)
+    # Scored again on whole pairs: matching and QA (nothing masked, so no masked-LM or object
+    # accuracy).
+    assert {k for k in final if k.startswith("whole_")} == {"whole_match_acc", "whole_qa_acc"}
     assert final == val[-1] and final["pairs"] > 0
     # QA trains from epoch 1 on; validation scores it from the start.
     assert all(r["loss_qa"] == 0 for r in train if r["epoch"] == 0)

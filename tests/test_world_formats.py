@@ -22,7 +22,7 @@ from pycocotools.coco import COCO
 from pipeline.cli import main
 from pipeline.finetune.examples import preprocess_answer
 from pipeline.world.generate import WorldConfig, generate_world
-from pipeline.world.scene import COLORS, MATERIALS, SHAPES, SIZES
+from pipeline.world.scene import BACKGROUNDS, COLORS, MATERIALS, SHAPES, SIZES
 
 # pycocotools' annToMask trips a numpy 2 deprecation inside the library itself.
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation:DeprecationWarning")
@@ -65,7 +65,9 @@ def _coco_ids(world: Path, subset: str) -> set[int]:
 
 
 def _vg_objects(world: Path) -> dict[int, list[dict]]:
-    return {e["image_id"]: e["attributes"] for e in _load(world / "vg" / "attributes.json")}
+    """The shapes of attributes.json by image id (not the ground)."""
+    return {e["image_id"]: [o for o in e["attributes"] if o["names"][0] in SHAPES]
+            for e in _load(world / "vg" / "attributes.json")}
 
 
 # --- COCO -------------------------------------------------------------------------------------
@@ -135,7 +137,7 @@ def test_vg_image_data_fields_folders_and_files(world):
 def test_vg_objects_and_attributes_are_well_formed(world):
     sizes = _vg_sizes(world)
     objects = _load(world / "vg" / "objects.json")
-    attributes = _vg_objects(world)
+    attributes = {e["image_id"]: e["attributes"] for e in _load(world / "vg" / "attributes.json")}
     assert [e["image_id"] for e in objects] == sorted(sizes)
     object_ids = []
     for entry in objects:
@@ -145,14 +147,21 @@ def test_vg_objects_and_attributes_are_well_formed(world):
             assert all(isinstance(obj[k], int) for k in ("object_id", "x", "y", "w", "h"))
             assert obj["x"] >= 0 and obj["y"] >= 0 and obj["w"] > 0 and obj["h"] > 0
             assert obj["x"] + obj["w"] <= width and obj["y"] + obj["h"] <= height
-            assert len(obj["names"]) == 1 and obj["names"][0] in SHAPES
+            assert len(obj["names"]) == 1
             object_ids.append(obj["object_id"])
+        *shapes, ground = entry["objects"]
+        assert all(obj["names"][0] in SHAPES for obj in shapes)
+        # The ground: the background's name over the whole image, the image's last object id.
+        assert ground["names"][0] in BACKGROUNDS
+        assert (ground["x"], ground["y"], ground["w"], ground["h"]) == (0, 0, width, height)
+        assert ground["object_id"] == entry["image_id"] * 64 + 63
         with_attributes = attributes[entry["image_id"]]
         ids = [o["object_id"] for o in entry["objects"]]
         assert [o["object_id"] for o in with_attributes] == ids
-        for obj in with_attributes:
+        for obj in with_attributes[:-1]:
             color, material, size = obj["attributes"]
             assert color in COLORS and material in MATERIALS and size in SIZES
+        assert "attributes" not in with_attributes[-1]
     assert len(object_ids) == len(set(object_ids))
 
 

@@ -120,4 +120,5 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         val=val,
         texts=texts,
         export=export,
+        whole_validation=True,
     )

@@ -2,7 +2,8 @@
 
 metrics.jsonl holds one JSON object per line: per logged training step
 `{"step": n, "epoch": e, "loss": total, "loss_<task>": ..., "<task>_acc": ..., "lr": ...,
-"samples_per_s": ...}` and per validation `{"step": n, "split": "val", "loss": ..., ...}`.
+"samples_per_s": ...}` and per validation `{"step": n, "split": "val", "loss": ..., ...}`
+(a pretraining validation also has `whole_<task>_acc`: accuracies on pairs fed unmasked).
 A resumed run first drops the lines after its checkpoint's step, so the file never holds a step
 twice and has no hole.
 """

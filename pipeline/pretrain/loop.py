@@ -70,6 +70,9 @@ class Job:
         same for every rank; val: `batches()`. texts: VL-BERT's text-only rows, or None.
     export(module) -> (arch, config, state dict): what a checkpoint's model/ directory holds.
     files: name -> text written into the run directory (a fine-tuning run's answer table).
+    whole_validation: validate a second time with `make_batch(whole=True)` (no masked word or
+        region) and record those accuracies as whole_<name>: a pretraining objective scores
+        matching on masked inputs, as it trains, and on whole pairs, as a matcher is used.
     """
 
     name: str
@@ -82,6 +85,7 @@ class Job:
     texts: Any
     export: Callable[[nn.Module], tuple[str, Any, dict[str, torch.Tensor]]]
     files: dict[str, str] = field(default_factory=dict)
+    whole_validation: bool = False
 
 
 def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -238,7 +242,8 @@ class Trainer:
             self.module, device_ids=ids, find_unused_parameters=unused
         )
 
-    def _batch(self, epoch: int, index: int, rows: list, *, val: bool = False):
+    def _batch(self, epoch: int, index: int, rows: list, *, val: bool = False,
+               whole: bool = False):
         rng = np.random.default_rng([self.config.run.seed, epoch, index, self.rank, int(val)])
         if val:  # validation scores every task the run trains, also those that start later
             epoch = self.config.run.epochs - 1
@@ -247,7 +252,8 @@ class Trainer:
             texts = self.texts.texts(self.position.step * self.config.optim.accumulation + index)
         items = [item for item, _ in rows]
         samples = [sample for _, sample in rows]
-        batch = self.objective.make_batch(items, samples, rng, epoch=epoch, texts=texts)
+        extra = {"whole": True} if whole else {}  # fine-tuning objectives have nothing to mask
+        batch = self.objective.make_batch(items, samples, rng, epoch=epoch, texts=texts, **extra)
         return batch.to(self.device)
 
     def _forward(self, batch, seed: int, model: nn.Module | None = None):
@@ -356,8 +362,27 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
-        """Losses and accuracies on the held-out split, with fixed masks (comparable over time)."""
+        """Losses and accuracies on the held-out split, with fixed masks (comparable over time);
+        with the job's whole_validation also the accuracies on whole pairs (whole_<name>)."""
         self.model.eval()
+        summed = self._validation_sums(whole=False)
+        n = max(summed.pop("_rows"), 1.0)
+        losses = {k: v / n for k, v in summed.items() if k.startswith("loss_")}
+        record: dict = {"step": self.position.step, "split": "val", "loss": sum(losses.values())}
+        record.update(losses)
+        record.update(_accuracies(summed))
+        if self.job.whole_validation:
+            whole = _accuracies(self._validation_sums(whole=True))
+            record.update({f"whole_{name}": value for name, value in whole.items()})
+        record["pairs"] = int(n)
+        self.model.train()
+        if self.log is not None:
+            self.log.write(record)
+        return record
+
+    def _validation_sums(self, *, whole: bool) -> dict[str, float]:
+        """Row-weighted loss sums, (correct, count) sums and "_rows" over the held-out split,
+        summed over ranks."""
         sums: dict[str, float] = {}
         rows_seen = 0
         limit = self.config.data.val_batches
@@ -366,7 +391,7 @@ class Trainer:
         for index, rows in enumerate(self.val_stream.batches()):
             if limit and index >= limit:
                 break
-            batch = self._batch(0, index, rows, val=True)
+            batch = self._batch(0, index, rows, val=True, whole=whole)
             losses, metrics = self._forward(
                 batch, _seed(self.config.run.seed, index, self.rank, 1), self.module
             )
@@ -376,17 +401,7 @@ class Trainer:
                 sums[f"{name}.c"] = sums.get(f"{name}.c", 0.0) + float(correct)
                 sums[f"{name}.n"] = sums.get(f"{name}.n", 0.0) + float(count)
             rows_seen += batch.size
-        self.model.train()
-        summed = self.reducer.sum({**sums, "_rows": float(rows_seen)})
-        n = max(summed.pop("_rows"), 1.0)
-        losses = {k: v / n for k, v in summed.items() if k.startswith("loss_")}
-        record: dict = {"step": self.position.step, "split": "val", "loss": sum(losses.values())}
-        record.update(losses)
-        record.update(_accuracies(summed))
-        record["pairs"] = int(n)
-        if self.log is not None:
-            self.log.write(record)
-        return record
+        return self.reducer.sum({**sums, "_rows": float(rows_seen)})
 
 
 def _accuracies(summed: dict[str, float]) -> dict[str, float]:

@@ -33,7 +33,7 @@ SAME_COLOR_GAP_PX = 3
 # Chance that an object is placed against an earlier one rather than anywhere.
 OVERLAP_PROBABILITY = 0.4
 _TRIES_PER_OBJECT = 25
-_OBJECTS_PER_ID = 64  # object ids are image_id * 64 + index
+OBJECTS_PER_ID = 64  # object ids are image_id * 64 + index; index 63 is the ground (formats/vg.py)
 _ROTATED_SHAPES = {"triangle", "star", "cross", "heart"}
 
 
@@ -125,8 +125,8 @@ def sample_layout(
     Between min_objects and max_objects sprites, each at least MIN_VISIBLE visible with a visible
     box at least MIN_VISIBLE_SIDE_PX on each side once every sprite in front is drawn.
     """
-    if not 1 <= min_objects <= max_objects < _OBJECTS_PER_ID:
-        raise ValueError(f"need 1 <= min_objects <= max_objects < {_OBJECTS_PER_ID}")
+    if not 1 <= min_objects <= max_objects < OBJECTS_PER_ID:
+        raise ValueError(f"need 1 <= min_objects <= max_objects < {OBJECTS_PER_ID}")
     rng = np.random.default_rng([seed, image_id, 0])
     width, height = _image_size(rng)
     background = BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
@@ -169,7 +169,7 @@ def scene_of(layout: Layout, image_id: int, split: str, palette: Palette = Palet
         visible = np.count_nonzero(ids[sprite.rect] == index) / np.count_nonzero(sprite.mask)
         objects.append(
             WorldObject(
-                object_id=image_id * _OBJECTS_PER_ID + index,
+                object_id=image_id * OBJECTS_PER_ID + index,
                 shape=sprite.shape,
                 color=sprite.color,
                 material=sprite.material,

@@ -45,8 +45,11 @@ class Objective(Protocol):
         *,
         epoch: int,
         texts: Sequence[str] | None = None,
+        whole: bool = False,
     ) -> TrainBatch:
-        """Tokenise, mask, swap and label the rows (pair i shows sample i)."""
+        """Tokenise, mask, swap and label the rows (pair i shows sample i). whole: mask no word
+        and no region (sentences are still swapped), so that matching is scored on whole pairs,
+        as a classifier of image-sentence pairs is used."""
         ...
 
     def compute(

@@ -75,7 +75,8 @@ class LxmertObjectiveConfig:
         and replacing, only by each other); the other rows keep their sentence and get no
         matching label. Empty: every source (LXMERT). A question fits any image when the data
         asks about absent things as often as present ones (the generated world does), so there
-        matching can only be learned, and measured, on descriptions: [mscoco, vg].
+        matching can only be learned, and measured, on descriptions: [mscoco] (a region
+        description names one or two objects, and another image's is often true of this one).
     qa_from_epoch: first epoch (0-based) with QA labels; the paper adds QA for the last 10 of 20
         epochs. Before it the QA loss is 0 (no row is labelled) but still present.
     mlm_from_epoch: first epoch with masked words (0: the paper's, from the start). Before it
@@ -227,8 +228,10 @@ class LxmertObjective(Objective):
         *,
         epoch: int,
         texts: Sequence[str] | None = None,
+        whole: bool = False,
     ) -> TrainBatch:
-        """Rows (pair, its image's sample) -> TrainBatch (class docstring). `texts` is unused."""
+        """Rows (pair, its image's sample) -> TrainBatch (class docstring). `texts` is unused;
+        `whole`: no word or region masked (Objective.make_batch)."""
         check_rows(pairs, samples)
         cfg = self.config
         B = len(pairs)
@@ -254,7 +257,7 @@ class LxmertObjective(Objective):
         # 2. Text and word masking.
         text = encode_texts(self.tokenizer, sentences, self.max_text_length)
         input_ids = text["input_ids"]  # (B, T)
-        if cfg.mlm and epoch >= cfg.mlm_from_epoch:
+        if cfg.mlm and epoch >= cfg.mlm_from_epoch and not whole:
             maskable = ~torch.isin(input_ids, self.special_ids) & text["attention_mask"].bool()
             input_ids, targets["mlm_labels"] = mask_tokens(
                 input_ids,
@@ -275,7 +278,8 @@ class LxmertObjective(Objective):
         features = regions.features  # (B, N, D)
         if cfg.object_prediction:
             features, chosen = mask_regions(
-                regions.features, regions.region_mask, images, rng, prob=cfg.object_mask_prob
+                regions.features, regions.region_mask, images, rng,
+                prob=0.0 if whole else cfg.object_mask_prob,
             )
             targets["masked_regions"] = chosen.float()
             official = cfg.confidence_weighting == "official"

@@ -113,8 +113,10 @@ class VilBertObjective(Objective):
         *,
         epoch: int,
         texts: Sequence[str] | None = None,
+        whole: bool = False,
     ) -> TrainBatch:
-        """B rows, one per pair (`texts` is not used: ViLBERT has no text-only task).
+        """B rows, one per pair (`texts` is not used: ViLBERT has no text-only task; `whole`: no
+        word or region masked, Objective.make_batch).
 
         inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D) with the
         zeroed regions, boxes (B, N, 4), region_mask (B, N); mlm_positions (B, T) bool, the
@@ -135,12 +137,13 @@ class VilBertObjective(Objective):
         maskable = maskable_tokens(self.tokenizer, text["input_ids"], text["attention_mask"])
         input_ids, mlm_labels = mask_tokens(
             text["input_ids"], maskable & masked_rows[:, None] & c.mlm, rng,
-            prob=c.word_mask_prob, mask_id=self.tokenizer.mask_token_id,
+            prob=0.0 if whole else c.word_mask_prob, mask_id=self.tokenizer.mask_token_id,
             vocab_size=len(self.tokenizer))
 
         real = regions.region_mask.bool() & masked_rows[:, None]  # (B, N)
         shape = tuple(real.shape)
-        labelled = torch.from_numpy(rng.random(shape) < c.region_mask_prob) & real & c.mrm
+        region_prob = 0.0 if whole else c.region_mask_prob
+        labelled = torch.from_numpy(rng.random(shape) < region_prob) & real & c.mrm
         zeroed = labelled & torch.from_numpy(rng.random(shape) < c.region_zero_prob)
 
         inputs = {

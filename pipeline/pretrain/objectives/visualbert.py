@@ -100,9 +100,10 @@ class VisualBertObjective(Objective):
         *,
         epoch: int,
         texts: Sequence[str] | None = None,
+        whole: bool = False,
     ) -> TrainBatch:
         """Rows (pair, its image's sample) -> TrainBatch (class docstring). `epoch` and `texts`
-        are unused: every epoch is alike."""
+        are unused: every epoch is alike; `whole`: no word masked (Objective.make_batch)."""
         check_rows(pairs, samples)
         cfg = self.config
         targets: dict[str, torch.Tensor] = {}
@@ -120,7 +121,7 @@ class VisualBertObjective(Objective):
                 input_ids,
                 maskable,
                 rng,
-                prob=cfg.word_mask_prob,
+                prob=0.0 if whole else cfg.word_mask_prob,
                 mask_id=self.tokenizer.mask_token_id,
                 vocab_size=len(self.tokenizer),
             )

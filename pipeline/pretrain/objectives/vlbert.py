@@ -105,8 +105,10 @@ class VlBertObjective(Objective):
         *,
         epoch: int,
         texts: Sequence[str] | None = None,
+        whole: bool = False,
     ) -> TrainBatch:
-        """Rows: the B pairs, then the P passages of `texts` (when text_mlm).
+        """Rows: the B pairs, then the P passages of `texts` (when text_mlm); `whole`: no word or
+        RoI masked (Objective.make_batch).
 
         inputs: input_ids, attention_mask, token_type_ids (B + P, T); features (B + P, N, D),
         boxes (B + P, N, 4), region_mask (B + P, N) (passage rows: all 0); masked_regions
@@ -131,13 +133,15 @@ class VlBertObjective(Objective):
         rows = (is_caption & c.mlm) | (~is_caption & c.text_mlm)
         maskable = maskable_tokens(self.tokenizer, text["input_ids"], text["attention_mask"])
         input_ids, labels = mask_tokens(
-            text["input_ids"], maskable & rows[:, None], rng, prob=c.word_mask_prob,
+            text["input_ids"], maskable & rows[:, None], rng,
+            prob=0.0 if whole else c.word_mask_prob,
             mask_id=self.tokenizer.mask_token_id, vocab_size=len(self.tokenizer))
         ignore = torch.full_like(labels, IGNORE_INDEX)
 
         # --- regions: RoIs chosen among the caption rows' real regions
         real = regions.region_mask.bool()  # (B, N)
-        labelled = torch.from_numpy(rng.random(tuple(real.shape)) < c.region_mask_prob) & real
+        region_prob = 0.0 if whole else c.region_mask_prob
+        labelled = torch.from_numpy(rng.random(tuple(real.shape)) < region_prob) & real
         replaced = labelled & torch.from_numpy(
             rng.random(tuple(real.shape)) >= c.region_unmasked_prob)
         if not c.mvrc:

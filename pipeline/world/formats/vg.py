@@ -3,6 +3,9 @@ attributes.json, region_descriptions.json and question_answers.json.
 
 Boxes are integer pixels x, y (top-left), w, h enclosing the object's visible extent. Object
 names are the world's shapes (all VG vocabulary words); synsets are nominal `{name}.n.01`.
+As real VG annotates "sand", "grass" or "floor", every image also has its ground as an object
+(the background's name, the whole image, no attributes, object id image_id * 64 + 63), so that
+a detector trained here boxes the ground that captions name.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 from pipeline.world.language import RegionDescription, VGQuestionAnswer
+from pipeline.world.sampling import OBJECTS_PER_ID
 from pipeline.world.scene import Scene, WorldObject
 
 URL_ROOT = "http://world.invalid/vg"
@@ -45,25 +49,34 @@ def _box_xywh(obj: WorldObject) -> dict:
     return {"h": math.ceil(y2) - y, "w": math.ceil(x2) - x, "y": y, "x": x}
 
 
-def _object(obj: WorldObject) -> dict:
-    box = _box_xywh(obj)
+def _object(object_id: int, name: str, box: dict) -> dict:
     return {
-        "synsets": [f"{obj.shape}.n.01"],
+        "synsets": [f"{name}.n.01"],
         "h": box["h"],
-        "object_id": obj.object_id,
+        "object_id": object_id,
         "merged_object_ids": [],
-        "names": [obj.shape],
+        "names": [name],
         "w": box["w"],
         "y": box["y"],
         "x": box["x"],
     }
 
 
+def _shape(obj: WorldObject) -> dict:
+    return _object(obj.object_id, obj.shape, _box_xywh(obj))
+
+
+def _ground(scene: Scene) -> dict:
+    # Shapes take indices below OBJECTS_PER_ID - 1 (sampling.py), the ground the last one.
+    whole = {"h": scene.height, "w": scene.width, "y": 0, "x": 0}
+    return _object((scene.image_id + 1) * OBJECTS_PER_ID - 1, scene.background, whole)
+
+
 def objects_json(images: Sequence[Scene], folders: Mapping[int, str]) -> list[dict]:
     return [
         {
             "image_id": scene.image_id,
-            "objects": [_object(obj) for obj in scene.objects],
+            "objects": [_shape(obj) for obj in scene.objects] + [_ground(scene)],
             "image_url": image_url(folders[scene.image_id], scene.image_id),
         }
         for scene in images
@@ -71,13 +84,14 @@ def objects_json(images: Sequence[Scene], folders: Mapping[int, str]) -> list[di
 
 
 def attributes_json(images: Sequence[Scene]) -> list[dict]:
-    """attributes.json: every object with its attribute names, colour first."""
+    """attributes.json: every object with its attribute names, colour first; the ground has no
+    "attributes" key (real VG's objects without attributes have none)."""
     return [
         {
             "image_id": scene.image_id,
             "attributes": [
-                {**_object(obj), "attributes": list(obj.attributes)} for obj in scene.objects
-            ],
+                {**_shape(obj), "attributes": list(obj.attributes)} for obj in scene.objects
+            ] + [_ground(scene)],
         }
         for scene in images
     ]
