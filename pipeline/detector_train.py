@@ -58,10 +58,10 @@ from pipeline.config import ConfigError, resolve, to_dict
 from pipeline.extract import pick_device
 from pipeline.world.scene import COLORS
 
-# The world's objects are 20-94 px in 180-340 px images: images upscaled to a 384 px short side
-# (about 1.1-2.1x; at 256 px, colour accuracy was 0.44 and mAP 0.52), anchors 24-192 px on the
-# stride-16 grid, a narrow ResNet-18 for CPU training, RoI samples half foreground. Measured
-# (README): mAP@0.5 0.89-0.92 over three seeds, colour 0.96-0.98.
+# The world's objects are 20-94 px in 180-340 px images, and the ground the whole image: images
+# upscaled to a 384 px short side (about 1.1-2.1x; at 256 px, colour accuracy was 0.44 and mAP
+# 0.52), anchors 24-384 px on the stride-16 grid, a narrow ResNet-18 for CPU training, RoI
+# samples half foreground. Measured (README): mAP@0.5 0.87 over shapes and grounds, colour 0.90.
 WORLD_DETECTOR = DetectorConfig(
     depth=18,
     width=8,
