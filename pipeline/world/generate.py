@@ -64,7 +64,7 @@ from pipeline.world.language import (
     vqa_questions,
 )
 from pipeline.world.language.nlvr2 import SENTENCES_PER_SET
-from pipeline.world.sampling import make_scene
+from pipeline.world.sampling import OBJECTS_PER_ID, make_scene
 from pipeline.world.scene import COLORS, MATERIALS, SHAPES, Palette, Scene
 
 COCO_ID_OFFSET = 1_000_000
@@ -72,7 +72,7 @@ NLVR2_ID_BASE = 10_000_000
 CC3M_ID_BASE = 20_000_000
 MAX_IMAGES = COCO_ID_OFFSET - 1  # keeps COCO ids and Visual Genome ids disjoint
 PAIRS_PER_SET = 4
-MAX_OBJECTS = 63  # object ids are image_id * 64 + index
+MAX_OBJECTS = OBJECTS_PER_ID - 1  # object ids are image_id * 64 + index, the last one the ground's
 CC3M_HOSTS = (
     "img.world.invalid", "cdn.world.invalid", "photos.world.invalid", "media.world.invalid",
 )
