@@ -4,7 +4,7 @@ All three formats name tensors with detectron2's module names and class order (R
 background last in `cls_score`, "no attribute" last in `attr_score`, `bbox_pred` without background
 rows), which are also our `BUTDDetector.state_dict()` names. So the mapping is a short table of
 per-format renames, and loading is strict: every tensor of the model must be found with its shape,
-every tensor of the file must be used, or one `CheckpointError` lists all the differences.
+every tensor of the file must be used, or one `WeightsError` lists all the differences.
 
 Formats, told apart by content first and file name second:
 - "d2-pickle": `faster_rcnn_from_caffe*.pkl`, `{"model": {name: ndarray}, "__author__": ...}`, maybe
@@ -58,7 +58,7 @@ _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _SAFETENSORS_TAG = "vlpipe-butd-detector"
 
 
-class CheckpointError(ValueError):
+class WeightsError(ValueError):
     """A checkpoint that cannot be read, or does not match the detector."""
 
 
@@ -81,7 +81,7 @@ class WeightsInfo:
 def _latin1_encode(text: str, encoding: str) -> bytes:
     """`_codecs.encode` restricted to the one use Python 3 makes of it in protocol 2 pickles."""
     if encoding not in ("latin1", "latin-1"):
-        raise CheckpointError(f"refusing _codecs.encode with encoding {encoding!r} in a pickle")
+        raise WeightsError(f"refusing _codecs.encode with encoding {encoding!r} in a pickle")
     return text.encode("latin1")
 
 
@@ -107,13 +107,13 @@ class _NumpyUnpickler(pickle.Unpickler):
         try:
             return _PICKLE_GLOBALS[(module, name)]
         except KeyError:
-            raise CheckpointError(
+            raise WeightsError(
                 f"refusing to unpickle global {module}.{name}: a detector checkpoint should hold only "
                 "numpy arrays in dicts, so this file is not one (or is malicious)"
             ) from None
 
     def persistent_load(self, pid: Any) -> Any:
-        raise CheckpointError(f"refusing persistent id {pid!r} in a pickle of numpy arrays")
+        raise WeightsError(f"refusing persistent id {pid!r} in a pickle of numpy arrays")
 
 
 def load_numpy_pickle(file: IO[bytes]) -> Any:
@@ -142,7 +142,7 @@ def detect_format(path: str | os.PathLike) -> CheckpointFormat:
         return "d2-pickle"
     if path.suffix in _TORCH_SUFFIXES:  # torch.save's legacy (pre-1.6) format is a bare pickle
         return "torch"
-    raise CheckpointError(
+    raise WeightsError(
         f"cannot tell the format of {path}: expected a detectron2 pickle (.pkl), a torch.save file "
         f"({', '.join(_TORCH_SUFFIXES)}) or a safetensors file"
     )
@@ -153,7 +153,7 @@ def _read_d2_pickle(path: Path) -> dict[str, torch.Tensor]:
         obj = load_numpy_pickle(f)
     if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
         found = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-        raise CheckpointError(f"{path}: expected a detectron2 pickle {{'model': {{...}}}}, found {found}")
+        raise WeightsError(f"{path}: expected a detectron2 pickle {{'model': {{...}}}}, found {found}")
     tensors, bad = {}, []
     for name, value in obj["model"].items():
         array = np.asarray(value) if isinstance(value, (np.ndarray, np.generic)) else None
@@ -162,7 +162,7 @@ def _read_d2_pickle(path: Path) -> dict[str, torch.Tensor]:
             continue
         tensors[name] = torch.from_numpy(np.array(array))  # a writable copy, owned by the tensor
     if bad:
-        raise CheckpointError(f"{path}: entries that are not numeric arrays: {', '.join(bad)}")
+        raise WeightsError(f"{path}: entries that are not numeric arrays: {', '.join(bad)}")
     return tensors
 
 
@@ -170,10 +170,10 @@ def _read_torch(path: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # a global outside torch's allowlist, e.g. code to run
-        raise CheckpointError(f"{path}: refused by torch.load(weights_only=True): {err}") from None
+        raise WeightsError(f"{path}: refused by torch.load(weights_only=True): {err}") from None
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         found = sorted(obj) if isinstance(obj, Mapping) else type(obj).__name__
-        raise CheckpointError(f"{path}: expected a flat state dict of tensors, found {found}")
+        raise WeightsError(f"{path}: expected a flat state dict of tensors, found {found}")
     return dict(obj)
 
 
@@ -237,7 +237,7 @@ def _mismatches(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.
 def load_detector_weights(model: nn.Module, path: str | os.PathLike) -> WeightsInfo:
     """Copy a checkpoint into `model` in place, strictly.
 
-    Raises CheckpointError listing every missing, unexpected and mis-shaped tensor, or anchors that
+    Raises WeightsError listing every missing, unexpected and mis-shaped tensor, or anchors that
     differ from the model's; the model is left untouched in that case. Values are cast to the
     model's dtypes and copied to its devices.
     """
@@ -245,7 +245,7 @@ def load_detector_weights(model: nn.Module, path: str | os.PathLike) -> WeightsI
     expected = model.state_dict()
     problems = _mismatches(expected, found)
     if problems:
-        raise CheckpointError(
+        raise WeightsError(
             f"checkpoint {path} ({fmt}) does not match the detector, {len(problems)} problem(s):\n  "
             + "\n  ".join(problems)
         )
@@ -323,9 +323,9 @@ def read_detector_config(path: str | os.PathLike) -> DetectorConfig:
     """The DetectorConfig stored by `save_detector`, so a model can be built before loading."""
     meta = read_safetensors_metadata(path)
     if meta.get("format") != _SAFETENSORS_TAG or "detector_config" not in meta:
-        raise CheckpointError(f"{path} was not written by save_detector (metadata {sorted(meta)})")
+        raise WeightsError(f"{path} was not written by save_detector (metadata {sorted(meta)})")
     fields = json.loads(meta["detector_config"])
     try:
         return DetectorConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
     except TypeError as err:  # unknown or missing fields: a config from another version
-        raise CheckpointError(f"{path}: detector_config does not fit DetectorConfig: {err}") from None
+        raise WeightsError(f"{path}: detector_config does not fit DetectorConfig: {err}") from None

@@ -11,10 +11,12 @@ The contract every architecture follows (model/lxmert.py, visualbert.py, vlbert.
   with `text_hidden (B, T, H)`, `visual_hidden (B, N, Hv)` and `pooled (B, H)` (ViLBERT: its
   visual stream prepends a global image region, so `visual_hidden` is (B, N + 1, Hv), and both of
   its pooled outputs, `pooled` and `pooled_visual`, are projected to the co-attention width);
-- attention through `scaled_dot_product_attention` with padding masks for text and regions:
-  padded tokens and padded regions never change the outputs at real positions;
+- one attention for all four: `attend` in model/attention.py (SDPA; the same maths written out
+  when the attention maps are asked for) under boolean keep masks of text and regions: padded
+  tokens and padded regions never change the outputs at real positions, and a query with nothing
+  to attend to gets a uniform row, not NaN;
 - state_dict key names are our public API; other checkpoint formats (official LXMERT, Hugging
-  Face) are mapped by explicit tables in model/checkpoints.py.
+  Face, BERT for the text stream) are mapped by explicit tables in model/checkpoints/.
 Heads shared by the architectures live in model/heads.py; pretraining models: LxmertForPreTraining
 in lxmert.py, the others in `<arch>_pretraining.py`; task models (QA, NLVR2 pair, multiple
 choice, region score, retrieval) for any encoder in tasks.py.

@@ -11,13 +11,13 @@ the pooler on the language stream's [CLS]. Shapes: B batch, T tokens, R regions,
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.attention import attend
 from model.heads import (
     AnswerHead,
     MaskedLMHead,
@@ -96,23 +96,12 @@ class LxmertConfig:
 # --- blocks ---------------------------------------------------------------------------------------
 
 
-def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """Key padding mask (B, L), true / 1 = attend, -> additive (B, 1, 1, L): 0 or dtype's minimum.
-
-    Additive rather than boolean so that a row with no key to attend to is uniform, not NaN; the
-    same values the official code adds to its scores.
-    """
-    if mask is None:
-        return None
-    out = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return out.masked_fill(~mask.bool(), torch.finfo(dtype).min)[:, None, None, :]
-
-
 class LxmertAttention(nn.Module):
     """Multi-head attention sub-layer with BERT's output: LayerNorm(x + dropout(out(attention))).
 
-    x (B, Lq, H) attends to context (B, Lk, H) under mask (B, 1, 1, Lk) additive; returns the new x
-    (B, Lq, H) and, when asked, the attention probabilities (B, heads, Lq, Lk).
+    x (B, Lq, H) attends to context (B, Lk, H) under keep (B, Lk) bool, true = a real key, or None;
+    returns the new x (B, Lq, H) and, when asked, the attention probabilities (B, heads, Lq, Lk)
+    (model/attention.py: a query with no real key attends uniformly).
     """
 
     def __init__(self, config: LxmertConfig):
@@ -127,32 +116,22 @@ class LxmertAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:  # (B, L, H) -> (B, heads, L, H / heads)
-        return x.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
-
     def forward(
         self,
         x: torch.Tensor,
         context: torch.Tensor,
-        mask: torch.Tensor | None,
+        keep: torch.Tensor | None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        q, k, v = (
-            self._split(self.query(x)),
-            self._split(self.key(context)),
-            self._split(self.value(context)),
-        )
-        dropout_p = self.attention_dropout if self.training else 0.0
-        probs = None
-        if need_weights:  # the explicit path, for analyses that read the attention maps
-            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-            if mask is not None:
-                scores = scores + mask
-            probs = scores.softmax(dim=-1)
-            attended = F.dropout(probs, dropout_p, self.training) @ v
-        else:
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        attended = attended.transpose(1, 2).flatten(2)  # (B, Lq, H)
+        attended, probs = attend(
+            self.query(x),
+            self.key(context),
+            self.value(context),
+            keep,
+            num_heads=self.num_heads,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+            need_weights=need_weights,
+        )  # (B, Lq, H)
         return self.norm(x + self.dropout(self.out(attended))), probs
 
 
@@ -179,9 +158,10 @@ class LxmertLayer(nn.Module):
         self.ffn = LxmertFeedForward(config)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+        self, x: torch.Tensor, keep: torch.Tensor | None, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x, probs = self.attn(x, x, mask, need_weights)
+        """x (B, L, H), keep (B, L) bool or None -> new x, probabilities (B, heads, L, L) or None."""
+        x, probs = self.attn(x, x, keep, need_weights)
         return self.ffn(x), probs
 
 
@@ -204,17 +184,18 @@ class LxmertCrossLayer(nn.Module):
     def forward(
         self,
         lang: torch.Tensor,
-        lang_mask: torch.Tensor | None,
+        lang_keep: torch.Tensor | None,
         visn: torch.Tensor,
-        visn_mask: torch.Tensor | None,
+        visn_keep: torch.Tensor | None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """lang (B, T, H), visn (B, R, H), additive masks -> new lang, new visn, and when asked the
-        cross-attention maps text -> regions (B, heads, T, R) and regions -> text (B, heads, R, T)."""
-        lang_x, lang_to_visn = self.cross_attn(lang, visn, visn_mask, need_weights)
-        visn_x, visn_to_lang = self.cross_attn(visn, lang, lang_mask, need_weights)
-        lang_x, _ = self.lang_self_attn(lang_x, lang_x, lang_mask)
-        visn_x, _ = self.visn_self_attn(visn_x, visn_x, visn_mask)
+        """lang (B, T, H), lang_keep (B, T) bool, visn (B, R, H), visn_keep (B, R) bool (None: no
+        padding) -> new lang, new visn, and when asked the cross-attention maps text -> regions
+        (B, heads, T, R) and regions -> text (B, heads, R, T)."""
+        lang_x, lang_to_visn = self.cross_attn(lang, visn, visn_keep, need_weights)
+        visn_x, visn_to_lang = self.cross_attn(visn, lang, lang_keep, need_weights)
+        lang_x, _ = self.lang_self_attn(lang_x, lang_x, lang_keep)
+        visn_x, _ = self.visn_self_attn(visn_x, visn_x, visn_keep)
         return self.lang_ffn(lang_x), self.visn_ffn(visn_x), lang_to_visn, visn_to_lang
 
 
@@ -348,18 +329,18 @@ class LxmertModel(nn.Module):
             real = region_mask.bool()[..., None]
             features, boxes = torch.where(real, features, 0), torch.where(real, boxes, 0)
         visn = self.visual_encoder(features, boxes)  # (B, R, H)
-        lang_mask = additive_mask(attention_mask, text.dtype)  # (B, 1, 1, T)
-        visn_mask = additive_mask(region_mask, visn.dtype)  # (B, 1, 1, R)
+        lang_keep = attention_mask.bool() if attention_mask is not None else None  # (B, T)
+        visn_keep = region_mask.bool() if region_mask is not None else None  # (B, R)
 
         lang_maps, obj_maps, t2v_maps, v2t_maps = [], [], [], []
         for layer in self.lang_layers:
-            text, probs = layer(text, lang_mask, output_attentions)
+            text, probs = layer(text, lang_keep, output_attentions)
             lang_maps.append(probs)
         for layer in self.obj_layers:
-            visn, probs = layer(visn, visn_mask, output_attentions)
+            visn, probs = layer(visn, visn_keep, output_attentions)
             obj_maps.append(probs)
         for layer in self.cross_layers:
-            text, visn, t2v, v2t = layer(text, lang_mask, visn, visn_mask, output_attentions)
+            text, visn, t2v, v2t = layer(text, lang_keep, visn, visn_keep, output_attentions)
             t2v_maps.append(t2v)
             v2t_maps.append(v2t)
 

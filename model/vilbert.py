@@ -38,12 +38,13 @@ The official checkpoint's unused `biOutput.q_dense{1,2}` have no counterpart her
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from model.attention import attend
 
 
 @dataclass(frozen=True)
@@ -129,29 +130,6 @@ class VilBertOutput:
     attentions: VilBertAttentions | None = None
 
 
-def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor,
-    num_heads: int, dropout: float, need_weights: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Multi-head attention of q (B, Lq, W) over k, v (B, Lk, W), key_mask (B, Lk) bool.
-
-    Returns (B, Lq, W) and, if asked, the weights (B, heads, Lq, Lk).
-    """
-    B, Lq, W = q.shape
-    q = q.view(B, Lq, num_heads, -1).transpose(1, 2)
-    k = k.view(B, k.shape[1], num_heads, -1).transpose(1, 2)
-    v = v.view(B, v.shape[1], num_heads, -1).transpose(1, 2)
-    mask = key_mask[:, None, None, :]
-    weights = None
-    if need_weights:  # SDPA cannot return the weights; same maths, written out
-        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        weights = scores.masked_fill(~mask, torch.finfo(scores.dtype).min).softmax(-1)
-        context = F.dropout(weights, dropout) @ v
-    else:
-        context = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-    return context.transpose(1, 2).reshape(B, Lq, W), weights
-
-
 class VilBertSelfAttention(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
@@ -180,8 +158,9 @@ class VilBertLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, L, W), mask (B, L) bool -> (B, L, W), weights (B, heads, L, L) or None."""
         a = self.attn
-        context, weights = attend(a.query(x), a.key(x), a.value(x), mask, self.num_heads,
-                                  self.attention_dropout if self.training else 0.0, need_weights)
+        context, weights = attend(
+            a.query(x), a.key(x), a.value(x), mask, num_heads=self.num_heads,
+            dropout_p=self.attention_dropout if self.training else 0.0, need_weights=need_weights)
         x = self.attn_norm(x + self.dropout(a.out(context)))
         x = self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
         return x, weights
@@ -227,10 +206,12 @@ class VilBertCoAttentionLayer(nn.Module):
         """t (B, T, H), v (B, M, Hv), masks bool -> new t, new v, weights t->v, v->t (or None)."""
         dropout = self.attention_dropout if self.training else 0.0
         # both directions read the states from before this layer (the official BertBiAttention)
-        t_ctx, t_weights = attend(self.text.query(t), self.visual.key(v), self.visual.value(v),
-                                  v_mask, self.num_heads, dropout, need_weights)  # (B, T, bi)
-        v_ctx, v_weights = attend(self.visual.query(v), self.text.key(t), self.text.value(t),
-                                  t_mask, self.num_heads, dropout, need_weights)  # (B, M, bi)
+        t_ctx, t_weights = attend(
+            self.text.query(t), self.visual.key(v), self.visual.value(v), v_mask,
+            num_heads=self.num_heads, dropout_p=dropout, need_weights=need_weights)  # (B, T, bi)
+        v_ctx, v_weights = attend(
+            self.visual.query(v), self.text.key(t), self.text.value(t), t_mask,
+            num_heads=self.num_heads, dropout_p=dropout, need_weights=need_weights)  # (B, M, bi)
         return self.text.finish(t, t_ctx), self.visual.finish(v, v_ctx), t_weights, v_weights
 
 

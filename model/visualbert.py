@@ -31,12 +31,13 @@ task models) is by the explicit name table in model/checkpoints/visualbert.py.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from model.attention import attend
 
 
 @dataclass(frozen=True)
@@ -151,13 +152,12 @@ class VisualBertEmbeddings(nn.Module):
 
 
 class VisualBertAttention(nn.Module):
-    """Multi-head self-attention; SDPA by default, explicit softmax when the maps are wanted."""
+    """Multi-head self-attention (model/attention.py): projections, `attend`, output Linear."""
 
     def __init__(self, config: VisualBertConfig) -> None:
         super().__init__()
         h = config.hidden_size
         self.num_heads = config.num_heads
-        self.head_dim = h // config.num_heads
         self.query = nn.Linear(h, h)
         self.key = nn.Linear(h, h)
         self.value = nn.Linear(h, h)
@@ -167,27 +167,18 @@ class VisualBertAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (B, L, H)
-        keep: torch.Tensor,  # (B, 1, 1, L) bool, True = a real key
+        keep: torch.Tensor,  # (B, L) bool, True = a real key
         output_attentions: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        B, L, H = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, L, H) -> (B, heads, L, head_dim)
-            return t.view(B, L, self.num_heads, self.head_dim).transpose(1, 2)
-
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        p = self.dropout_p if self.training else 0.0
-        probs = None
-        if output_attentions:
-            # Same additive mask as the reference: the most negative float, not -inf, so a row
-            # without any real key stays finite.
-            bias = (~keep).to(x.dtype) * torch.finfo(x.dtype).min  # (B, 1, 1, L)
-            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_dim) + bias  # (B, heads, L, L)
-            probs = scores.softmax(dim=-1)
-            ctx = F.dropout(probs, p, self.training) @ v
-        else:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=p)
-        ctx = ctx.transpose(1, 2).reshape(B, L, H)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, L, H), (B, heads, L, L) or None
+        ctx, probs = attend(
+            self.query(x),
+            self.key(x),
+            self.value(x),
+            keep,
+            num_heads=self.num_heads,
+            dropout_p=self.dropout_p if self.training else 0.0,
+            need_weights=output_attentions,
+        )
         return self.out(ctx), probs
 
 
@@ -292,7 +283,6 @@ class VisualBertModel(nn.Module):
         # Keys only are masked: a padded query still gets a (discarded) state, a real one never
         # sees padding, which is what makes outputs at real positions padding-invariant.
         keep = torch.cat([attention_mask, region_mask], dim=1).bool()  # (B, T + N)
-        keep = keep[:, None, None, :]  # (B, 1, 1, T + N): broadcast over heads and queries
 
         maps = []
         for layer in self.layers:

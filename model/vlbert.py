@@ -46,12 +46,13 @@ state_dict keys (our public API):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from model.attention import attend
 
 
 @dataclass(frozen=True)
@@ -151,22 +152,11 @@ class VlBertSelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, key_mask: torch.Tensor, need_weights: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, S, H), key_mask (B, 1, 1, S) bool -> (B, S, H), weights (B, heads, S, S) | None."""
-        B, S, H = x.shape
-
-        def heads(t: torch.Tensor) -> torch.Tensor:  # (B, S, H) -> (B, heads, S, H / heads)
-            return t.view(B, S, self.num_heads, -1).transpose(1, 2)
-
-        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        dropout = self.dropout if self.training else 0.0
-        weights = None
-        if need_weights:  # SDPA cannot return the weights; same maths, written out
-            scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-            weights = scores.masked_fill(~key_mask, torch.finfo(scores.dtype).min).softmax(-1)
-            context = F.dropout(weights, dropout, self.training) @ v
-        else:
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout)
-        return self.out(context.transpose(1, 2).reshape(B, S, H)), weights
+        """x (B, S, H), key_mask (B, S) bool -> (B, S, H), weights (B, heads, S, S) | None."""
+        context, weights = attend(
+            self.query(x), self.key(x), self.value(x), key_mask, num_heads=self.num_heads,
+            dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights)
+        return self.out(context), weights
 
 
 class VlBertLayer(nn.Module):
@@ -311,8 +301,7 @@ class VlBertModel(nn.Module):
 
         x = self.embeddings(input_ids, token_type_ids, text_mask, features, boxes, region_mask,
                             image_feature, masked_regions)  # (B, S, H)
-        key_mask = torch.cat([text_mask, region_mask, text_mask.new_ones(B, 1)], 1)
-        key_mask = key_mask[:, None, None, :]  # (B, 1, 1, S)
+        key_mask = torch.cat([text_mask, region_mask, text_mask.new_ones(B, 1)], 1)  # (B, S)
         attentions = []
         for layer in self.layers:
             x, weights = layer(x, key_mask, output_attentions)

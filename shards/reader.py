@@ -3,6 +3,9 @@
     shard list -> shuffle shards (seed, epoch) -> split by node -> split by DataLoader worker
     -> tar members -> group by key -> decode (no pickles) -> optional shuffle buffer -> Sample
 
+`read_selected` reads some samples of one shard, seeking past the others (a reader that already
+knows the shard's keys from a header scan, `shards.store.scan_shard`, and needs only a few).
+
 Splitting is by shard: every rank and worker reads a disjoint set of whole shards, so together
 they cover each sample exactly once (a worker gets nothing when there are fewer shards than
 ranks x workers). The shard shuffle uses only (seed, epoch), so all ranks agree on it.
@@ -13,7 +16,7 @@ from __future__ import annotations
 import os
 import random
 import tarfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch.utils.data
@@ -78,6 +81,43 @@ def iter_members(shards: Iterable[Path]) -> Iterator[tuple[Path, str, bytes]]:
                 if not info.isfile():
                     raise SchemaError(f"{shard.name}: member {info.name!r} is not a regular file")
                 yield shard, info.name, tar.extractfile(info).read()
+
+
+def read_selected(
+    path: Path, keys: Sequence[str], wanted: Callable[[str], bool]
+) -> Iterator[tuple[str, dict[str, bytes] | None]]:
+    """(key, {suffix: payload}) of the samples `keys` of one shard, in file order.
+
+    keys: some of the shard's sample keys in file order (from a header scan); members of other
+    keys are seeked past, never read. Payloads are read only for the keys `wanted` (None for the
+    others). Raises SchemaError when the shard no longer holds `keys` in that order.
+    """
+    selected = set(keys)
+    expected = iter(keys)
+    current: str | None = None
+    members: dict[str, bytes] | None = None
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for info in tar:
+                key, _, suffix = info.name.partition(".")
+                if key not in selected:
+                    continue
+                if not info.isfile():
+                    raise SchemaError(f"{path}: {key}: member {info.name!r} is not a file")
+                if key != current:
+                    if current is not None:
+                        yield current, members
+                    if next(expected, None) != key:
+                        raise SchemaError(f"{path} changed since it was scanned (at {key!r})")
+                    current, members = key, ({} if wanted(key) else None)
+                if members is not None:
+                    members[suffix] = tar.extractfile(info).read()
+    except tarfile.TarError as e:
+        raise SchemaError(f"{path}: unreadable tar after sample {current!r} ({e})") from e
+    if current is not None:
+        yield current, members
+    if next(expected, None) is not None:
+        raise SchemaError(f"{path} changed since it was scanned (samples missing)")
 
 
 def group_by_key(

@@ -1,6 +1,6 @@
 """`pipeline bench extract` runs end to end on the bundled photos (tiny detector, CPU)."""
 
-from pipeline.bench import SAMPLE_IMAGES
+from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.cli import main
 
 TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=64"]

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from model.lxmert import LxmertConfig  # noqa: E402
-from pipeline.bench_model_lxmert import (  # noqa: E402
+from pipeline.bench.model_lxmert import (  # noqa: E402
     HF_NAME,
     OURS_NAME,
     build_models,
@@ -76,7 +76,7 @@ def test_unsupported_arch_is_refused_with_the_reason(capsys):
 
 
 def test_entry_runs_without_the_cli_ray_or_webdataset(monkeypatch, tmp_path):
-    """`python -m pipeline.bench_model` (its `main`) on a box without Ray and webdataset: any import
+    """`python -m pipeline.bench.model` (its `main`) on a box without Ray and webdataset: any import
     of them fails, and the project's modules are imported afresh so that a hidden import would
     show. Importing the module itself imports no torch (cli.py builds its parser from it)."""
     for name in list(sys.modules):
@@ -84,10 +84,10 @@ def test_entry_runs_without_the_cli_ray_or_webdataset(monkeypatch, tmp_path):
             monkeypatch.delitem(sys.modules, name)
     for blocked in ("ray", "webdataset", "torch"):
         monkeypatch.setitem(sys.modules, blocked, None)
-    front = importlib.import_module("pipeline.bench_model")
+    front = importlib.import_module("pipeline.bench.model")
     monkeypatch.setitem(sys.modules, "torch", torch)
 
     out = tmp_path / "bench.json"
     assert front.main(["--arch", "lxmert", *TINY_RUN, "--json", str(out)]) == 0
-    assert "pipeline.cli" not in sys.modules and "pipeline.config" not in sys.modules
+    assert "pipeline.cli" not in sys.modules and "pipeline.common.config" not in sys.modules
     assert json.loads(out.read_text())["ratio"] > 0

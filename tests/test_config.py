@@ -3,7 +3,7 @@
 import pytest
 
 from extractor.config import DetectorConfig, ExtractorConfig
-from pipeline.config import ConfigError, resolve, to_dict
+from pipeline.common.config import ConfigError, resolve, to_dict
 
 
 def test_set_overrides_nested_fields_with_types():

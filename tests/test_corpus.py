@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import resolve
+from pipeline.common.config import resolve
 from pipeline.corpus.answers import normalize_answer
 from pipeline.corpus.build import build_corpus
 from pipeline.corpus.config import CorpusConfig
-from pipeline.corpus.load import load_split, load_stats, load_text, split_names
-from pipeline.corpus.sources import CorpusError
+from pipeline.corpus.read import load_split, load_stats, load_text, split_names
+from pipeline.corpus.config import CorpusError
 from pipeline.datasets.cc3m import list_cc3m
 from pipeline.world.generate import WorldConfig, generate_world
 

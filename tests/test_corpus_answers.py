@@ -8,7 +8,7 @@ import pytest
 from pipeline.corpus.answers import AnswerCounter, AnswerTable, normalize_answer, vqa_scores
 from pipeline.corpus.build import build_corpus
 from pipeline.corpus.config import CocoFiles, CorpusConfig, GqaFiles, VgFiles, VqaFiles
-from pipeline.corpus.load import load_answers, load_split, record_pairs
+from pipeline.corpus.read import load_answers, load_pairs, load_split
 
 
 @pytest.mark.parametrize(
@@ -164,9 +164,7 @@ def test_handmade_build_scores_answers_and_table(handmade, tmp_path):
     ]
     assert (out / "text.txt").read_text() == "A cat on a mat.\na dog\n"
 
-    table = load_answers(out)
-    record = next(load_split(out, "train"))
-    caption, question = record_pairs(record, table)
+    caption, question = load_pairs(out, ["train"])["coco-1"]
     assert (caption.source, caption.answers, caption.image_sentences) == (
         "mscoco", None, ("A cat on a mat.",))
     assert question.answers == {3: 1.0, 4: 0.9, 0: 0.3, 5: 0.6}

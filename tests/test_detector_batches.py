@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from extractor.preprocess import PreparedImage
-from pipeline.detector_train import (
+from pipeline.detector.train import (
     AnnotatedImage,
     DetectorTrainConfig,
     _aspect_grouped_order,
@@ -63,7 +63,7 @@ def test_crop_moves_boxes_with_the_pixels_and_drops_boxes_mostly_outside():
 
 def test_world_batches_have_no_padding(tmp_path):
     from pipeline.cli import main
-    from pipeline.detector_train import load_visual_genome
+    from pipeline.detector.train import load_visual_genome
 
     assert main(["world", "generate", "--out", str(tmp_path), "--images", "24"]) == 0
     train, _ = load_visual_genome(tmp_path)

@@ -12,8 +12,8 @@ from extractor.config import DetectorConfig
 from extractor.detector import BUTDDetector
 from extractor.weights import load_detector_weights, read_detector_config
 from pipeline.cli import main
-from pipeline.config import merge, resolve
-from pipeline.detector_train import DetectorTrainConfig, load_visual_genome
+from pipeline.common.config import merge, resolve
+from pipeline.detector.train import DetectorTrainConfig, load_visual_genome
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "detector" / "world.yaml"
 

@@ -1,4 +1,4 @@
-"""pipeline/example_pictures.py on a tiny VQA run of the generated world: the two pictures, and
+"""pipeline/demo/pictures.py on a tiny VQA run of the generated world: the two pictures, and
 attention shares checked against the encoder's raw attention maps averaged here by hand."""
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from test_finetune import TINY, finetune, vqa_sets
 
 from model.tasks import AnswerModel
 from model.visualbert import VisualBertConfig, VisualBertModel
-from pipeline.config import to_dict
-from pipeline.example_pictures import FOCUS_COLOR, read_example, write_example_pictures
+from pipeline.common.config import to_dict
+from pipeline.demo.pictures import FOCUS_COLOR, read_example, write_example_pictures
 from pipeline.finetune.data import task_examples
 from pipeline.finetune.predict import load_run_model
-from pipeline.show import load_sample, sample_image
-from pipeline.text import encode_texts
+from pipeline.extract.show import load_sample, sample_image
+from pipeline.common.text import encode_texts
 from shards.batch import collate_regions
 
 

@@ -10,8 +10,8 @@ from PIL import Image
 from skimage import data
 
 from pipeline.cli import main
-from pipeline.config import ConfigError
-from pipeline.extract_output import OutputLock
+from pipeline.common.config import ConfigError
+from pipeline.extract.output import OutputLock
 from shards.reader import iter_samples
 from shards.verify import verify_shards
 

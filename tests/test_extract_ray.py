@@ -19,9 +19,9 @@ from PIL import Image
 from skimage import data
 
 from pipeline.cli import main
-from pipeline.config import ConfigError
-from pipeline.extract import RunConfig
-from pipeline.extract_ray import RayLayout, plan_layout
+from pipeline.common.config import ConfigError
+from pipeline.extract.config import EngineConfig
+from pipeline.extract.ray_engine import RayLayout, plan_layout
 from shards.verify import verify_shards
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,11 +207,11 @@ def _read(path: Path) -> str:
 
 def test_layout_defaults_follow_the_cluster():
     cpu_node, gpu_node = {"CPU": 2.0}, {"CPU": 16.0, "GPU": 2.0}
-    assert plan_layout(RunConfig(), cpu_node) == RayLayout(1, 0.0, 1, 2)
-    assert plan_layout(RunConfig(), gpu_node) == RayLayout(2, 1.0, 14, None)
-    assert plan_layout(RunConfig(gpus_per_actor=0.5), gpu_node) == RayLayout(4, 0.5, 12, None)
-    assert plan_layout(RunConfig(device="cpu", actors=2), gpu_node) == RayLayout(2, 0.0, 14, 8)
+    assert plan_layout(EngineConfig(), cpu_node) == RayLayout(1, 0.0, 1, 2)
+    assert plan_layout(EngineConfig(), gpu_node) == RayLayout(2, 1.0, 14, None)
+    assert plan_layout(EngineConfig(gpus_per_actor=0.5), gpu_node) == RayLayout(4, 0.5, 12, None)
+    assert plan_layout(EngineConfig(device="cpu", actors=2), gpu_node) == RayLayout(2, 0.0, 14, 8)
     with pytest.raises(ConfigError, match="cluster has 0 GPUs"):
-        plan_layout(RunConfig(device="cuda"), cpu_node)
+        plan_layout(EngineConfig(device="cuda"), cpu_node)
     with pytest.raises(ConfigError, match="need one CPU each"):
-        plan_layout(RunConfig(decoders=2), cpu_node)
+        plan_layout(EngineConfig(decoders=2), cpu_node)

@@ -16,7 +16,7 @@ from pipeline.cli import main
 from pipeline.finetune.answers import AnswerVocab, lxmert_head_rows
 from pipeline.finetune.config import load_config
 from pipeline.finetune.job import build_task_model
-from pipeline.pretrain.data import load_answers
+from pipeline.corpus.read import load_answers
 
 TINY = ["model.num_heads=4", "model.hidden_size=32", "model.intermediate_size=64",
         "model.language_layers=1", "model.object_layers=1", "model.cross_layers=1"]
@@ -125,7 +125,7 @@ def _official_lxmert(world, path: Path) -> tuple[LxmertForPreTraining, list[str]
     exporter as an official `*_LXRT.pth` file (heads = hidden / 64 = 1, as that format implies)."""
     from model.checkpoints.formats import save_official
 
-    answers = load_answers(world.corpus)
+    answers = list(load_answers(world.corpus).answers)
     config = LxmertConfig(vocab_size=30522, hidden_size=64, num_heads=1, intermediate_size=128,
                           language_layers=1, object_layers=1, cross_layers=1,
                           visual_feat_dim=64, num_answers=len(answers))
@@ -190,7 +190,7 @@ def test_missing_files_are_named(pretrain_world, tmp_path, capsys):
 def test_language_only_batches_carry_no_region_content(pretrain_world):
     from pipeline.finetune.data import Features, subset_examples
     from pipeline.finetune.objective import AnswerTask
-    from pipeline.text import load_tokenizer
+    from pipeline.common.text import load_tokenizer
 
     features = Features.open([str(pretrain_world.shards[0])])
     examples = [e for e in subset_examples("vqa", pretrain_world.world / "vqa", "train2014")

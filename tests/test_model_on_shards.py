@@ -52,7 +52,7 @@ from model.visualbert import VisualBertConfig, VisualBertModel
 from model.visualbert_pretraining import VisualBertForPreTraining
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
-from pipeline.text import LXMERT_MAX_TEXT_LENGTH, encode_texts, load_tokenizer
+from pipeline.common.text import LXMERT_MAX_TEXT_LENGTH, encode_texts, load_tokenizer
 from shards.batch import RegionBatch, collate_regions
 from shards.schema import split_key
 from shards.store import FeatureStore

@@ -12,11 +12,11 @@ import torch
 
 from model.heads import IGNORE_INDEX, masked_lm_loss
 from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertPreTrainingOutput
-from pipeline.pretrain.objectives.base import accuracy
+from pipeline.common.text import encode_texts, load_tokenizer
+from pipeline.corpus.pairs import Pair
 from pipeline.pretrain.objectives.lxmert import LxmertObjective, LxmertObjectiveConfig
 from pipeline.pretrain.objectives.masked_lm import masked_lm_terms
-from pipeline.pretrain.pairs import Pair
-from pipeline.text import encode_texts, load_tokenizer
+from pipeline.train.batch import accuracy
 from shards.schema import Sample, make_key
 
 DIM = 8

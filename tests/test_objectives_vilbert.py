@@ -7,15 +7,18 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from region_fakes import WORDS, D, fake_sample, within
 
 from model.heads import IGNORE_INDEX
 from model.vilbert import VilBertConfig
 from model.vilbert_pretraining import VilBertForPreTraining
-from pipeline.pretrain.objectives.base import TrainBatch
-from pipeline.pretrain.objectives.vilbert import VilBertObjective, VilBertObjectiveConfig
-from pipeline.pretrain.pairs import Pair
-from pipeline.text import encode_texts, load_tokenizer
-from region_fakes import WORDS, D, fake_sample, within
+from pipeline.common.text import encode_texts, load_tokenizer
+from pipeline.corpus.pairs import Pair
+from pipeline.pretrain.objectives.vilbert import (
+    VilBertObjective,
+    VilBertObjectiveConfig,
+)
+from pipeline.train.batch import TrainBatch
 from shards.batch import collate_regions
 
 MAX_TEXT = 32

@@ -11,14 +11,17 @@ import torch
 
 from model.heads import IGNORE_INDEX, masked_lm_loss, matching_loss
 from model.visualbert import VisualBertConfig
-from model.visualbert_pretraining import VisualBertForPreTraining, VisualBertPreTrainingOutput
-from pipeline.pretrain.objectives.base import accuracy
+from model.visualbert_pretraining import (
+    VisualBertForPreTraining,
+    VisualBertPreTrainingOutput,
+)
+from pipeline.common.text import load_tokenizer
+from pipeline.corpus.pairs import Pair
 from pipeline.pretrain.objectives.visualbert import (
     VisualBertObjective,
     VisualBertObjectiveConfig,
 )
-from pipeline.pretrain.pairs import Pair
-from pipeline.text import load_tokenizer
+from pipeline.train.batch import accuracy
 from shards.schema import Sample, make_key
 
 DIM = 8

@@ -13,15 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.pretrain.data import (
-    CorpusError,
-    JoinError,
-    PretrainStream,
-    TextStream,
-    ValidationStream,
-    load_answers,
-    load_pairs,
-)
+from pipeline.corpus.config import CorpusError
+from pipeline.corpus.read import load_answers, load_pairs
+from pipeline.pretrain.data import JoinError, PretrainStream, TextStream, ValidationStream
 from shards.schema import Sample, SchemaError, build_sample, make_key
 from shards.writer import ShardWriter
 
@@ -133,7 +127,7 @@ def test_load_pairs_orders_maps_answers_and_shares_captions(tmp_path):
             expected_answers(i, j) for j in range(len(questions(i)))
         ]
     assert pairs["coco-2"][-2].answers == {2: 1.0, 3: 0.3}  # "2" and "red": answers.json order
-    assert load_answers(corpus) == ANSWERS
+    assert load_answers(corpus).answers == tuple(ANSWERS)
 
 
 def test_load_pairs_source_filter_keeps_all_captions_in_image_sentences(tmp_path):

@@ -11,12 +11,13 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import main
-from pipeline.config import ConfigError
-from pipeline.pretrain.checkpoint import checkpoint_dirs
+from pipeline.common.config import ConfigError
 from pipeline.pretrain.config import load_config
-from pipeline.pretrain.logs import read_metrics
-from pipeline.pretrain.loop import Trainer
-from pipeline.pretrain.ray_run import run_pretrain
+from pipeline.pretrain.job import pretrain_job
+from pipeline.train.checkpoint import checkpoint_dirs
+from pipeline.train.launch import run_training
+from pipeline.train.logs import read_metrics
+from pipeline.train.loop import Trainer
 
 CONFIGS = Path(__file__).parents[1] / "configs" / "pretrain"
 # The tiny VL-BERT / ViLBERT configs train on CC3M; the fixture world has COCO + VG shards only.
@@ -66,7 +67,7 @@ def test_lxmert_run_records_and_learns(pretrain_world, tmp_path):
     out = tmp_path / "run"
     config = tiny_config(pretrain_world, "lxmert", "run.epochs=3", "run.checkpoint_every=40",
                          "objective.qa_from_epoch=1")
-    final = run_pretrain(config, out)
+    final = run_training(pretrain_job, config, out)
 
     records = read_metrics(out)
     train = [r for r in records if "split" not in r]
@@ -112,16 +113,16 @@ def test_resume_repeats_the_uninterrupted_run(pretrain_world, tmp_path, monkeypa
     sets = ["run.max_steps=30", "run.epochs=100", "run.val_every=30", "run.checkpoint_every=10",
             "data.batch_size=32"]
     whole = tmp_path / "whole"
-    run_pretrain(tiny_config(pretrain_world, arch, *sets), whole)
+    run_training(pretrain_job, tiny_config(pretrain_world, arch, *sets), whole)
 
     broken = tmp_path / "broken"
     crash_after(monkeypatch, 15)
     with pytest.raises(Killed):
-        run_pretrain(tiny_config(pretrain_world, arch, *sets), broken)
+        run_training(pretrain_job, tiny_config(pretrain_world, arch, *sets), broken)
     monkeypatch.undo()
     assert max(train_losses(broken)) == 15
     assert [p.name for p in checkpoint_dirs(broken)] == [f"step_{10:08d}"]
-    run_pretrain(tiny_config(pretrain_world, arch, *sets), broken, resume=True)
+    run_training(pretrain_job, tiny_config(pretrain_world, arch, *sets), broken, resume=True)
 
     expected, got = train_losses(whole), train_losses(broken)
     assert sorted(got) == list(range(1, 31))  # no step twice, none missing
@@ -154,5 +155,5 @@ def test_a_run_hands_back_the_thread_count(pretrain_world, tmp_path):
     before = torch.get_num_threads()
     config = tiny_config(pretrain_world, "lxmert", "run.max_steps=2",
                          f"run.threads_per_worker={before + 1}")
-    run_pretrain(config, tmp_path / "run")
+    run_training(pretrain_job, config, tmp_path / "run")
     assert torch.get_num_threads() == before

@@ -2,27 +2,27 @@
 world's COCO and Visual Genome shards and corpus, with every LXMERT task: the losses fall,
 masked-object prediction beats the commonest detected label by far, and matching tells more than
 90% of the held-out captions of the minival images from other images' captions, fed whole (the
-pretraining issue's bar; README, "Where pretraining stands").
+pretraining issue's bar; docs/results.md, "Where pretraining stands").
 
 Slow (a world to generate and extract, then about 12,000 training steps, some 15-20 minutes on
 two cores): opt in with `-m slow`."""
 
-import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
+from pipeline.corpus.read import split_images
 from pipeline.pretrain.config import load_config
-from pipeline.pretrain.logs import read_metrics
-from pipeline.pretrain.ray_run import run_pretrain
+from pipeline.pretrain.job import pretrain_job
+from pipeline.train.launch import run_training
+from pipeline.train.logs import read_metrics
 from shards.reader import iter_samples
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROOT = Path(__file__).parents[1]
-# The demo's small world (README, "Where learning stands"), with a quarter of COCO in val2014 so
+# The demo's small world (docs/results.md, "Where learning stands"), with a quarter of COCO in val2014 so
 # that 120 minival images are held out.
 WORLD = ["min_objects=1", "max_objects=3", "coco_val_fraction=0.25",
          "vqa_per_image=10", "shapes=[ball, box, triangle, star]",
@@ -35,25 +35,14 @@ TRAINING = ["run.workers=2", "data.batch_size=32", "optim.lr=1e-3", "run.epochs=
 
 
 def prepare(root: Path) -> tuple[Path, list[Path]]:
-    world = root / "world"
-    sets = [a for s in WORLD for a in ("--set", s)]
-    assert main(["world", "generate", "--out", str(world), "--images", "1500", "--seed", "11",
-                 *sets]) == 0
-    corpus = root / "corpus"
-    assert main(["corpus", "build", "--config", str(ROOT / "configs" / "corpus" / "world.yaml"),
-                 "--root", str(world), "--out", str(corpus),
-                 "--set", f"minival_images={MINIVAL_IMAGES}"]) == 0
-    from pipeline.detector_train import bundled_detector
+    from pipeline.common.config import resolve
+    from pipeline.demo.world_setup import Extraction, prepare_world
+    from pipeline.world.generate import WorldConfig
 
-    config, weights = bundled_detector()
-    shards = []
-    for dataset in ("coco", "vg"):
-        out = root / "feats" / dataset
-        assert main(["extract", "--dataset", dataset, "--root", str(world / dataset),
-                     "--out", str(out), "--config", str(config), "--weights", str(weights),
-                     "--device", "cpu", "--engine", "local", "--set", "output.shard_size=64"]) == 0
-        shards.append(out)
-    return corpus, shards
+    world = resolve(WorldConfig(), None, ["images=1500", "seed=11", *WORLD])
+    prepared = prepare_world(root, world, extraction=Extraction(shard_size=64),
+                             minival_images=MINIVAL_IMAGES)
+    return prepared.corpus, [prepared.shards["coco"], prepared.shards["vg"]]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +53,7 @@ def trained(tmp_path_factory) -> tuple[Path, Path, dict]:
     config = load_config(ROOT / "configs" / "pretrain" / "lxmert_tiny.yaml",
                          [f"data.corpus={corpus}", f"data.shards=[{listed}]", *TRAINING])
     run = root / "run"
-    return run, shards[0], run_pretrain(config, run)
+    return run, shards[0], run_training(pretrain_job, config, run)
 
 
 def test_two_workers_losses_fall_and_objects_are_learned(trained):
@@ -77,8 +66,7 @@ def test_two_workers_losses_fall_and_objects_are_learned(trained):
     mlm = [r["loss_mlm"] for r in train if r["epoch"] >= 7]
     assert sum(mlm[-20:]) < 0.5 * sum(mlm[:20])
 
-    minival = {json.loads(line)["image"]
-               for line in (run.parent / "corpus" / "minival.jsonl").read_text().splitlines()}
+    minival = split_images(run.parent / "corpus", "minival")
     labels = Counter(int(label) for sample in iter_samples(coco) if sample.key in minival
                      for label in sample.arrays["object_ids"])
     majority = max(labels.values()) / sum(labels.values())

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.pretrain.logs import read_metrics
-from pipeline.pretrain.ray_run import run_pretrain
+from pipeline.pretrain.job import pretrain_job
+from pipeline.train.launch import run_training
+from pipeline.train.logs import read_metrics
 from test_pretrain_loop import CONFIGS, tiny_config, train_losses
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -35,7 +36,7 @@ def wait_for_step(run_dir: Path, step: int, process: subprocess.Popen, timeout: 
 
 def test_two_workers_killed_and_resumed(pretrain_world, tmp_path):
     whole = tmp_path / "whole"
-    run_pretrain(tiny_config(pretrain_world, "lxmert", *SETS), whole)
+    run_training(pretrain_job, tiny_config(pretrain_world, "lxmert", *SETS), whole)
     losses = [v["loss"] for _, v in sorted(train_losses(whole).items())]
     assert sum(losses[-10:]) < 0.95 * sum(losses[:10])  # 30 steps, the first in warmup
 
@@ -56,7 +57,7 @@ def test_two_workers_killed_and_resumed(pretrain_world, tmp_path):
         process.wait()
     assert (broken / "checkpoints" / f"step_{10:08d}" / "position.json").is_file()
 
-    run_pretrain(tiny_config(pretrain_world, "lxmert", *SETS), broken, resume=True)
+    run_training(pretrain_job, tiny_config(pretrain_world, "lxmert", *SETS), broken, resume=True)
     expected, got = train_losses(whole), train_losses(broken)
     assert sorted(got) == list(range(1, 31))
     for step in range(11, 31):

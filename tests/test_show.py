@@ -10,7 +10,7 @@ from PIL import Image, ImageDraw
 from extractor.labels import attribute_names, object_names
 from extractor.preprocess import decode_image
 from pipeline.cli import main
-from pipeline.show import box_colors, draw_regions, region_labels, select_regions
+from pipeline.extract.show import box_colors, draw_regions, region_labels, select_regions
 from shards.reader import iter_samples
 from shards.schema import build_sample
 from shards.writer import ShardWriter

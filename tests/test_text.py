@@ -1,4 +1,4 @@
-"""pipeline.text against the bundled BERT vocabulary, read here independently of transformers:
+"""pipeline.common.text against the bundled BERT vocabulary, read here independently of transformers:
 ids are vocab.txt line numbers, words split by greedy longest-match WordPiece."""
 
 import string
@@ -6,7 +6,7 @@ import string
 import pytest
 import torch
 
-from pipeline.text import LXMERT_MAX_TEXT_LENGTH, bundled_bert_dir, encode_texts, load_tokenizer
+from pipeline.common.text import LXMERT_MAX_TEXT_LENGTH, bundled_bert_dir, encode_texts, load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from extractor.config import DetectorConfig, ExtractorConfig, SelectionConfig
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
 from extractor.weights import (
-    CheckpointError,
+    WeightsError,
     detect_format,
     load_detector_weights,
     load_numpy_pickle,
@@ -264,7 +264,7 @@ def test_malicious_pickle_is_refused_without_running(tmp_path, protocol):
     path.write_bytes(pickle_bytes({"model": {"x": _Exploit(f"touch {marker}")}}, protocol))
     model = fresh_model(0)
     before = state_numpy(model)
-    with pytest.raises(CheckpointError, match=rf"{os.system.__module__}\.system"):
+    with pytest.raises(WeightsError, match=rf"{os.system.__module__}\.system"):
         load_detector_weights(model, path)
     assert not marker.exists()
     for name, value in model.state_dict().items():
@@ -275,7 +275,7 @@ def test_malicious_torch_file_is_refused_without_running(tmp_path):
     marker = tmp_path / "pwned"
     path = tmp_path / "pytorch_model.bin"
     torch.save({"x": _Exploit(f"touch {marker}")}, path)
-    with pytest.raises(CheckpointError, match="weights_only"):
+    with pytest.raises(WeightsError, match="weights_only"):
         load_detector_weights(fresh_model(0), path)
     assert not marker.exists()
 
@@ -285,14 +285,14 @@ def test_codecs_encode_is_admitted_only_for_latin1():
         def __reduce__(self):
             return codecs.encode, ("payload", "rot13")
 
-    with pytest.raises(CheckpointError, match="rot13"):
+    with pytest.raises(WeightsError, match="rot13"):
         load_numpy_pickle(io.BytesIO(pickle.dumps(Rot13(), protocol=2)))
 
 
 def test_non_numeric_arrays_are_refused(tmp_path):
     path = tmp_path / "model.pkl"
     write_d2_pickle(path, {"x": np.array([1, "a"], dtype=object)}, protocol=2)
-    with pytest.raises(CheckpointError, match="not numeric arrays: x"):
+    with pytest.raises(WeightsError, match="not numeric arrays: x"):
         load_detector_weights(fresh_model(0), path)
 
 
@@ -312,14 +312,14 @@ def test_detect_format_by_content_then_suffix(tmp_path):
     assert detect_format(tmp_path / "odd.pkl") == "torch"
     assert detect_format(tmp_path / "legacy.pth") == "torch"
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(CheckpointError, match="cannot tell the format"):
+    with pytest.raises(WeightsError, match="cannot tell the format"):
         detect_format(tmp_path / "notes.txt")
 
 
 def test_torch_file_that_is_not_a_state_dict_is_refused(tmp_path):
     path = tmp_path / "model_final.pth"
     torch.save({"model": {"a": torch.zeros(1)}, "iteration": 5}, path)
-    with pytest.raises(CheckpointError, match="flat state dict"):
+    with pytest.raises(WeightsError, match="flat state dict"):
         load_detector_weights(fresh_model(0), path)
 
 
@@ -412,7 +412,7 @@ def test_missing_unexpected_and_misshaped_tensors_are_all_named(tmp_path):
     write_d2_pickle(path, arrays)
     model = fresh_model(0)
     before = state_numpy(model)
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(WeightsError) as err:
         load_detector_weights(model, path)
     message = str(err.value)
     assert "4 problem(s)" in message
@@ -430,7 +430,7 @@ def test_num_batches_tracked_is_unexpected_outside_torch_files(tmp_path):
     arrays["backbone.stem.conv1.norm.num_batches_tracked"] = np.zeros((), dtype=np.int64)
     path = tmp_path / "m.safetensors"
     write_safetensors(path, arrays)
-    with pytest.raises(CheckpointError, match=r"unexpected: backbone\.stem\.conv1\.norm\.num_batches_tracked"):
+    with pytest.raises(WeightsError, match=r"unexpected: backbone\.stem\.conv1\.norm\.num_batches_tracked"):
         load_detector_weights(fresh_model(0), path)
 
 
@@ -440,7 +440,7 @@ def test_different_anchor_convention_is_refused(tmp_path):
     arrays[ANCHORS] = arrays[ANCHORS] + np.array([-0.5, -0.5, 0.5, 0.5], dtype=np.float32)
     path = tmp_path / "pytorch_model.bin"
     write_hf_bin(path, arrays)
-    with pytest.raises(CheckpointError, match=r"different anchors: .*cell_anchors\.0: the file's anchor"):
+    with pytest.raises(WeightsError, match=r"different anchors: .*cell_anchors\.0: the file's anchor"):
         load_detector_weights(fresh_model(0), path)
 
 
@@ -472,9 +472,9 @@ def test_save_detector_round_trip_and_hashes(tmp_path):
 def test_read_detector_config_refuses_foreign_files(tmp_path):
     path = tmp_path / "other.safetensors"
     write_safetensors(path, {"a": np.zeros(2, dtype=np.float32)})
-    with pytest.raises(CheckpointError, match="not written by save_detector"):
+    with pytest.raises(WeightsError, match="not written by save_detector"):
         read_detector_config(path)
     newer = {"format": "vlpipe-butd-detector", "detector_config": '{"depth": 18, "use_fpn": true}'}
     safetensors.numpy.save_file({"a": np.zeros(2, dtype=np.float32)}, path, metadata=newer)
-    with pytest.raises(CheckpointError, match="use_fpn"):
+    with pytest.raises(WeightsError, match="use_fpn"):
         read_detector_config(path)

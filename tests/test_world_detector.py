@@ -2,7 +2,7 @@
 
 The world is generated with a seed the detector never trained on (it trained on seed 0), so the
 scenes are new. The bundled detector (mAP@0.5 0.87 over the shapes and grounds, colour 0.90 on
-the held-out split, see the README) finds 70 of the 86 objects with their own name (the 16 grounds
+the held-out split, docs/results.md) finds 70 of the 86 objects with their own name (the 16 grounds
 and 54 of the 70 shapes), and 68 of its 78 confident regions are right. The bounds leave a margin
 under those numbers.
 """

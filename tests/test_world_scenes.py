@@ -91,7 +91,7 @@ def test_a_palette_limits_what_objects_are():
     ({"shapes": ["ball", "ball", "star"]}, "shapes must be at least 2 distinct"),
 ])
 def test_world_config_rejects_a_bad_palette(palette, problem):
-    from pipeline.config import ConfigError
+    from pipeline.common.config import ConfigError
     from pipeline.world.generate import WorldConfig
 
     with pytest.raises(ConfigError, match=problem):

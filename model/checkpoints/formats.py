@@ -35,27 +35,18 @@ from model.checkpoints.common import (
     untie,
     write_safetensors,
 )
-from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertModel
-from model.vilbert import VilBertConfig, VilBertModel
-from model.visualbert import VisualBertConfig, VisualBertModel
-from model.vlbert import VlBertConfig, VlBertModel
+from model.archs import ARCHS
+from model.lxmert import LxmertConfig
 
 OURS_FORMAT = "vlpipe-model-v1"
-CONFIGS: dict[str, type] = {
-    "lxmert": LxmertConfig,
-    "visualbert": VisualBertConfig,
-    "vlbert": VlBertConfig,
-    "vilbert": VilBertConfig,
-}
-# arch -> {class name: class}; a state dict belongs to the class whose tensor names it has.
-MODELS: dict[str, dict[str, type[nn.Module]]] = {
-    "lxmert": {"LxmertForPreTraining": LxmertForPreTraining, "LxmertModel": LxmertModel},
-    "visualbert": {"VisualBertModel": VisualBertModel},
-    "vlbert": {"VlBertModel": VlBertModel},
-    "vilbert": {"VilBertModel": VilBertModel},
-}
 HF_MODEL_TYPES = {"lxmert": "lxmert", "visual_bert": "visualbert"}  # config.json model_type -> arch
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+
+
+
+def _saved_classes(arch: str) -> dict[str, type[nn.Module]]:
+    """Class name -> class of the models a checkpoint of `arch` may hold, the default first."""
+    return {cls.__name__: cls for cls in ARCHS[arch].saved}
 
 
 @dataclass(frozen=True)
@@ -110,9 +101,9 @@ def detect(src: str | Path) -> tuple[str, str]:
         raise CheckpointError(f"{path}: no config.json, so neither our format nor Hugging Face's")
     meta = json.loads((path / "config.json").read_text())
     if "arch" in meta and "config" in meta:
-        if meta["arch"] not in CONFIGS:
+        if meta["arch"] not in ARCHS:
             raise CheckpointError(
-                f"{path}: unknown arch {meta['arch']!r} (known: {', '.join(CONFIGS)})"
+                f"{path}: unknown arch {meta['arch']!r} (known: {', '.join(ARCHS)})"
             )
         return "ours", meta["arch"]
     model_type = meta.get("model_type")
@@ -175,7 +166,7 @@ def load_checkpoint(
 
 def build_model(checkpoint: Checkpoint) -> nn.Module:
     """The model class a checkpoint is for, built from its config with its weights loaded."""
-    model = MODELS[checkpoint.arch][checkpoint.report.model](checkpoint.config)
+    model = _saved_classes(checkpoint.arch)[checkpoint.report.model](checkpoint.config)
     model.load_state_dict(checkpoint.state_dict, strict=True)
     return model
 
@@ -184,21 +175,22 @@ def _read_ours(path: Path, drop_heads: bool, notes: list[str]) -> tuple[Any, dic
     meta = json.loads((path / "config.json").read_text())
     arch = meta["arch"]
     try:
-        config = CONFIGS[arch](**meta["config"])
+        config = ARCHS[arch].config(**meta["config"])
     except TypeError as err:  # an unknown or missing field
         raise CheckpointError(
-            f"{path / 'config.json'}: not a {CONFIGS[arch].__name__}: {err}"
+            f"{path / 'config.json'}: not a {ARCHS[arch].config.__name__}: {err}"
         ) from None
-    model = meta.get("model", next(iter(MODELS[arch])))
-    if model not in MODELS[arch]:
+    classes = _saved_classes(arch)
+    model = meta.get("model", next(iter(classes)))
+    if model not in classes:
         raise CheckpointError(
-            f"{path}: unknown model {model!r} for {arch} ({', '.join(MODELS[arch])})"
+            f"{path}: unknown model {model!r} for {arch} ({', '.join(classes)})"
         )
     state = read_tensors(path / "model.safetensors")
     for alias, owner in meta.get("tied", {}).items():
         if owner in state:
             state[alias] = state[owner]
-    check_state(state, shapes_of(MODELS[arch][model], config), f"{path} ({model})")
+    check_state(state, shapes_of(classes[model], config), f"{path} ({model})")
     if drop_heads and model == "LxmertForPreTraining":
         notes.append(f"dropped the heads: {_heads_of(state)}")
         state = {
@@ -291,13 +283,13 @@ def _heads_of(state, backbone: str = lx.BACKBONE) -> str:
 
 def model_name(arch: str, config: Any, state: dict[str, torch.Tensor]) -> str:
     """The class of `arch` that `state` is a complete state dict of; CheckpointError otherwise."""
-    if arch not in MODELS:
-        raise CheckpointError(f"unknown arch {arch!r} (known: {', '.join(MODELS)})")
-    if not isinstance(config, CONFIGS[arch]):
+    if arch not in ARCHS:
+        raise CheckpointError(f"unknown arch {arch!r} (known: {', '.join(ARCHS)})")
+    if not isinstance(config, ARCHS[arch].config):
         raise CheckpointError(
-            f"{arch} needs a {CONFIGS[arch].__name__}, got {type(config).__name__}"
+            f"{arch} needs a {ARCHS[arch].config.__name__}, got {type(config).__name__}"
         )
-    candidates = MODELS[arch]
+    candidates = _saved_classes(arch)
     for name, cls in candidates.items():
         if set(shapes_of(cls, config)) == set(state):
             check_state(state, shapes_of(cls, config), f"{arch} state dict ({name})")

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import to_dict
+from pipeline.common.config import to_dict
 from pipeline.corpus.answers import AnswerCounter, AnswerTable
 from pipeline.corpus.cc3m import read_cc3m
 from pipeline.corpus.config import (
-    CAPTION_SOURCES, QA_SOURCES, SOURCES, SPLITS, TRAINING_SPLITS, CorpusConfig,
+    CAPTION_SOURCES, QA_SOURCES, SOURCES, SPLITS, TRAINING_SPLITS, CorpusConfig, CorpusError,
 )
 from pipeline.corpus.sources import (
-    CorpusError, Text, read_coco_captions, read_gqa, read_vg_image_data, read_vg_qas,
+    Text, read_coco_captions, read_gqa, read_vg_image_data, read_vg_qas,
     read_vg_regions, read_vqa, read_vqa_image_ids,
 )
 from pipeline.corpus.splits import Placement, choose_minival

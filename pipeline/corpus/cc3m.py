@@ -19,8 +19,10 @@ from pathlib import Path, PurePosixPath
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from pipeline.corpus.sources import CorpusError, Text, clean
+from pipeline.corpus.config import CorpusError
+from pipeline.corpus.sources import Text, clean
 from pipeline.datasets.base import IMAGE_SUFFIXES
+from pipeline.datasets.cc3m import tar_members
 
 SUCCESS = "success"
 
@@ -42,23 +44,17 @@ def _members(tar_path: Path) -> tuple[set[str], dict[str, str], dict[str, dict]]
     """(keys with an image, key -> .txt caption, key -> .json metadata) of one tar."""
     images, captions, metas = set(), {}, {}
     try:
-        with tarfile.open(tar_path, "r:") as tar:
-            for member in tar:
-                name = PurePosixPath(member.name)
-                if not member.isfile():
-                    continue
-                key, _, ext = name.name.partition(".")
-                suffix = name.suffix.lower()
-                if suffix in IMAGE_SUFFIXES:
-                    images.add(key)
-                elif ext == "txt":
-                    captions[key] = tar.extractfile(member).read().decode("utf-8")
-                elif ext == "json":
-                    try:
-                        metas[key] = json.loads(tar.extractfile(member).read())
-                    except ValueError as err:
-                        raise CorpusError(f"{tar_path}: member {member.name} is not valid JSON "
-                                          f"({err})") from err
+        for key, ext, member, tar in tar_members(tar_path):
+            if PurePosixPath(member.name).suffix.lower() in IMAGE_SUFFIXES:
+                images.add(key)
+            elif ext == "txt":
+                captions[key] = tar.extractfile(member).read().decode("utf-8")
+            elif ext == "json":
+                try:
+                    metas[key] = json.loads(tar.extractfile(member).read())
+                except ValueError as err:
+                    raise CorpusError(f"{tar_path}: member {member.name} is not valid JSON "
+                                      f"({err})") from err
     except (tarfile.TarError, OSError, UnicodeDecodeError) as err:
         raise CorpusError(f"{tar_path}: not a readable img2dataset tar ({err})") from err
     return images, captions, metas

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pipeline.config import ConfigError
+from pipeline.common.config import ConfigError
+
+
+
+class CorpusError(ValueError):
+    """A corpus input (an annotation file, or a built corpus directory) that is missing or not in
+    the expected format; the message names the file (and the entry or line)."""
+
 
 Source = Literal["mscoco", "vg", "vqa", "gqa", "vgqa", "cc3m"]
 SOURCES: tuple[str, ...] = ("mscoco", "vg", "vqa", "gqa", "vgqa", "cc3m")

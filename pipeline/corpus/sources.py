@@ -27,10 +27,7 @@ from typing import Any, NamedTuple
 from tqdm import tqdm
 
 from pipeline.corpus.answers import normalize_answer, vqa_scores
-
-
-class CorpusError(ValueError):
-    """An annotation file (or corpus input) that is missing or not in the expected format."""
+from pipeline.corpus.config import CorpusError
 
 
 class Text(NamedTuple):

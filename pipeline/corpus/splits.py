@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.corpus.sources import CorpusError, Text
+from pipeline.corpus.config import CorpusError
+from pipeline.corpus.sources import Text
 from shards.schema import make_key
 
 SUBSETS = ("train2014", "val2014")

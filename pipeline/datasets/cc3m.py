@@ -35,6 +35,7 @@ import json
 import logging
 import re
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from pipeline.datasets.base import (
@@ -65,26 +66,34 @@ def list_cc3m(root: str | Path) -> list[ImageRef]:
     return _list_tsv(root, tsvs[0], root / "images")
 
 
+def tar_members(tar_path: Path) -> Iterator[tuple[str, str, tarfile.TarInfo, tarfile.TarFile]]:
+    """(key, extension after the key's first '.', member, the open tar) of each regular file of an
+    img2dataset tar, in file order: the one reader of these tars (the image lister here, the
+    caption reader of pipeline/corpus/cc3m.py). tarfile.TarError propagates."""
+    with tarfile.open(tar_path, "r:") as tar:
+        for member in tar:
+            if member.isfile():
+                key, _, ext = PurePosixPath(member.name).name.partition(".")
+                yield key, ext, member, tar
+
+
 def _list_shards(root: Path, tars: list[Path]) -> list[ImageRef]:
     """Layout (a): one ref per image member of the img2dataset tars."""
     refs: dict[str, ImageRef] = {}
     unfinished, failed, urls = [], 0, 0
     for tar_path in tars:
         try:
-            with tarfile.open(tar_path, "r:") as tar:
-                for member in tar:
-                    name = PurePosixPath(member.name)
-                    if not member.isfile() or name.suffix.lower() not in IMAGE_SUFFIXES:
-                        continue
-                    key = name.name.split(".", 1)[0]
-                    ref = ImageRef(dataset="cc3m", image_id=key, path=tar_path, member=member.name,
-                                   offset=member.offset_data, length=member.size)
-                    if key in refs:
-                        raise DatasetError(
-                            f"cc3m root {root}: key {key} is both {refs[key].location} and "
-                            f"{ref.location}"
-                        )
-                    refs[key] = ref
+            for key, ext, member, _ in tar_members(tar_path):
+                if PurePosixPath(member.name).suffix.lower() not in IMAGE_SUFFIXES:
+                    continue
+                ref = ImageRef(dataset="cc3m", image_id=key, path=tar_path, member=member.name,
+                               offset=member.offset_data, length=member.size)
+                if key in refs:
+                    raise DatasetError(
+                        f"cc3m root {root}: key {key} is both {refs[key].location} and "
+                        f"{ref.location}"
+                    )
+                refs[key] = ref
         except tarfile.TarError as err:
             raise DatasetError(f"{tar_path}: not a readable tar ({err})") from err
         stats_path = root / f"{tar_path.stem}_stats.json"

@@ -133,7 +133,7 @@ def lxmert_head_rows(
     """Rows of LXMERT's pretrained QA classifier to copy into a task's classifier.
 
     pretrain_answers: the pretraining answer table in index order (answers.json / LXMERT's
-    all_ans.json "ans" strings; `pipeline.pretrain.data.load_answers`). As `load_lxmert_qa` does,
+    all_ans.json "ans" strings; `pipeline.corpus.read.load_answers`). As `load_lxmert_qa` does,
     each task answer goes through LXMERT's own normalisation (`AnswerTable.convert_ans`:
     "the dog" -> "dog", "grey" -> "gray"; there is no GQA-specific alias table) and is looked up
     in the whole table (not filtered by dataset). Returns (task_rows, pretrain_rows), aligned,

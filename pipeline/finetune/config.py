@@ -1,8 +1,8 @@
 """`pipeline finetune` configuration: frozen dataclasses <- YAML + `--set a.b=c`.
 
 Defaults are LXMERT's fine-tuning settings (REFERENCE §3): batch 32, 4 epochs, 10% warmup, lr
-5e-5 (VQA, NLVR2) or 1e-5 (GQA). The `optim` and `run` sections are pretraining's (the same
-trainer runs both). `init` names the checkpoint the encoder starts from: our format, Hugging
+5e-5 (VQA, NLVR2) or 1e-5 (GQA). The `optim` and `run` sections are the trainer's
+(pipeline/train/config.py), as in pretraining. `init` names the checkpoint the encoder starts from: our format, Hugging
 Face's, or an official LXMERT `*_LXRT.pth`; empty trains from scratch with the `model` section.
 """
 
@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError, load_yaml, merge, parse_sets, resolve
-from pipeline.pretrain.config import ARCH_NAMES, OptimConfig, RunConfig, check_schedule
+from model.archs import ARCHS
+from pipeline.common.config import ConfigError, load_yaml, merge, parse_sets, resolve
+from pipeline.finetune.examples import TASKS
+from pipeline.train.config import (
+    OptimConfig, RunConfig, check_arch, check_schedule, micro_batch,
+)
 
-TASKS = ("vqa", "gqa", "nlvr2")
 LEARNING_RATES = {"vqa": 5e-5, "gqa": 1e-5, "nlvr2": 5e-5}
 
 
@@ -77,8 +80,7 @@ class FinetuneConfig:
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {list(TASKS)}, got {self.task!r}")
-        if self.arch not in ARCH_NAMES:
-            raise ConfigError(f"arch must be one of {list(ARCH_NAMES)}, got {self.arch!r}")
+        check_arch(self.arch)
 
     def check(self) -> FinetuneConfig:
         """The checks across sections (run after all overrides); returns self."""
@@ -90,21 +92,17 @@ class FinetuneConfig:
     @property
     def micro_batch(self) -> int:
         """Examples per worker per forward."""
-        return self.data.batch_size // (max(self.run.workers, 1) * self.optim.accumulation)
+        return micro_batch(self.data.batch_size, self.optim, self.run)
 
 
 def default_config(task: str, arch: str = "lxmert") -> FinetuneConfig:
     """LXMERT's fine-tuning settings for `task` (REFERENCE §3)."""
-    from pipeline.pretrain.archs import ARCHS
-
     if task not in TASKS:
         raise ConfigError(f"task must be one of {list(TASKS)}, got {task!r}")
-    if arch not in ARCH_NAMES:
-        raise ConfigError(f"arch must be one of {list(ARCH_NAMES)}, got {arch!r}")
     return FinetuneConfig(
         task=task,
-        arch=arch,
-        model=ARCHS[arch].model_config(),
+        arch=check_arch(arch),
+        model=ARCHS[arch].config(),
         optim=OptimConfig(lr=LEARNING_RATES[task], warmup_fraction=0.1),
         run=RunConfig(epochs=4, workers=1, val_every=0, checkpoint_every=1000),
     )

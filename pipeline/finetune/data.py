@@ -41,7 +41,7 @@ def subset_examples(task: str, root: Path, subset: str) -> list[Example]:
 
 def holdout_images(corpus: Path) -> set[str]:
     """The image keys of a corpus's minival split (LXMERT's held-out images)."""
-    from pipeline.corpus.load import split_images
+    from pipeline.corpus.read import split_images
 
     try:
         return split_images(corpus, "minival")

@@ -45,6 +45,7 @@ from pipeline.evaluate.vqa import process_digit_article, process_punctuation
 from shards.schema import make_key
 
 Task = Literal["vqa", "gqa", "nlvr2"]
+TASKS: tuple[Task, ...] = ("vqa", "gqa", "nlvr2")
 NLVR2_LABELS = {"True": True, "False": False}
 
 

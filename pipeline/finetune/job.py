@@ -1,4 +1,4 @@
-"""A fine-tuning run's Job (pipeline/pretrain/loop.py): the task model, its objective and streams.
+"""A fine-tuning run's Job (pipeline/train/job.py): the task model, its objective and streams.
 
 The encoder starts from `init` (any checkpoint format `pipeline convert` reads) or from scratch.
 From an LXMERT pretraining checkpoint with a QA head, VQA and GQA start their answer head from it
@@ -10,35 +10,35 @@ row starts at zero. The answer vocabulary is written to the run directory (answe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from model.checkpoints.formats import CONFIGS, MODELS, load_checkpoint
+from model.archs import ARCHS
+from model.checkpoints.formats import load_checkpoint
 from model.lxmert import LxmertForPreTraining
 from model.tasks import AnswerModel, PairModel, TaskModel
-from pipeline.config import ConfigError
+from pipeline.common.config import ConfigError
+from pipeline.common.devices import pick_device, set_threads
+from pipeline.common.text import load_tokenizer
+from pipeline.corpus.read import load_answers
 from pipeline.finetune.answers import AnswerVocab, build_gqa_vocab, build_vqa_vocab, lxmert_head_rows
 from pipeline.finetune.config import FinetuneConfig, config_from_dict
 from pipeline.finetune.data import EvalStream, Features, TaskStream, task_examples
 from pipeline.finetune.objective import task_objective
-from pipeline.pretrain.data import load_answers
-from pipeline.pretrain.job import set_threads
-from pipeline.pretrain.loop import Job, device_of
-from pipeline.text import load_tokenizer
+from pipeline.train.job import Job
 
 ANSWERS_FILE = "answers.json"
-ENCODERS = {arch: next(c for n, c in MODELS[arch].items() if not n.endswith("PreTraining"))
-            for arch in CONFIGS}
 
 
 def _encoder(config: FinetuneConfig, *, vocab_size: int, feature_dim: int, rank: int):
     """(encoder, its config, the pretraining QA head or None)."""
     if not config.init:
         model_config = replace(config.model, vocab_size=vocab_size, visual_feat_dim=feature_dim)
-        encoder = ENCODERS[config.arch](model_config)
+        encoder = ARCHS[config.arch].encoder(model_config)
         if config.run.init_text:
             from model.checkpoints.bert import init_text_from_bert
 
@@ -65,13 +65,13 @@ def _encoder(config: FinetuneConfig, *, vocab_size: int, feature_dim: int, rank:
         full = LxmertForPreTraining(model_config)
         full.load_state_dict(checkpoint.state_dict)
         return full.lxmert, model_config, full.answer_head
-    model = ENCODERS[config.arch](model_config)
+    model = ARCHS[config.arch].encoder(model_config)
     model.load_state_dict(checkpoint.state_dict)
     return model, model_config, None
 
 
 def transfer_answer_head(model: AnswerModel, head: nn.Module, vocab: AnswerVocab,
-                         pretrain_answers: list[str]) -> int:
+                         pretrain_answers: Sequence[str]) -> int:
     """Start `model.head` from LXMERT's pretraining QA head (module docstring); rows copied."""
     state = {k: v for k, v in head.state_dict().items() if not k.startswith("classifier.")}
     model.head.load_state_dict(state, strict=False)
@@ -94,7 +94,7 @@ def answer_vocab(config: FinetuneConfig, train) -> AnswerVocab:
 
 def build_task_model(config: FinetuneConfig, *, vocab: AnswerVocab | None, vocab_size: int,
                      feature_dim: int, rank: int = 0,
-                     pretrain_answers: list[str] | None = None) -> tuple[TaskModel, object]:
+                     pretrain_answers: Sequence[str] | None = None) -> tuple[TaskModel, object]:
     """The task model and its encoder's config (what a checkpoint of the run records)."""
     encoder, encoder_config, qa_head = _encoder(
         config, vocab_size=vocab_size, feature_dim=feature_dim, rank=rank
@@ -122,7 +122,7 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
     feature_dim = int(features[train[0].images[0]].meta["feature_dim"])
     vocab = None if config.task == "nlvr2" else answer_vocab(config, train)
     torch.manual_seed(config.run.seed)
-    pretrain_answers = load_answers(config.init_answers) if config.init_answers else None
+    pretrain_answers = load_answers(config.init_answers).answers if config.init_answers else None
     module, encoder_config = build_task_model(
         config, vocab=vocab, vocab_size=tokenizer.vocab_size, feature_dim=feature_dim, rank=rank,
         pretrain_answers=pretrain_answers,
@@ -142,7 +142,7 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
     return Job(
         name=f"finetune {config.task}",
         config=config,
-        device=device_of(config.run.device),
+        device=pick_device(config.run.device),
         module=module,
         objective=objective,
         train=TaskStream(train, features, batch_size=micro, rank=rank, world_size=world,

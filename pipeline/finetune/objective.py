@@ -22,10 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.heads import vqa_bce_loss
+from pipeline.common.text import encode_texts
 from pipeline.finetune.answers import AnswerVocab, targets
 from pipeline.finetune.examples import Example
-from pipeline.pretrain.objectives.base import TrainBatch, accuracy
-from pipeline.text import encode_texts
+from pipeline.train.batch import TrainBatch, accuracy
 from shards.batch import RegionBatch, collate_regions
 from shards.schema import Sample
 

@@ -3,7 +3,7 @@
 VQA: `[{"question_id": int, "answer": str}]`; GQA: `[{"questionId": str, "prediction": str}]`;
 NLVR2: CSV lines `identifier,True|False` (no header). Examples whose images are not in the
 shards are an error: a submission must answer every question. `load_run_model` rebuilds a run's
-model from its directory (also for pipeline/example_pictures.py).
+model from its directory (also for pipeline/demo/pictures.py).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from pipeline.finetune.data import EvalStream, Features, holdout_images, subset_
 from pipeline.finetune.examples import TaskDataError
 from pipeline.finetune.job import ANSWERS_FILE, build_task_model
 from pipeline.finetune.objective import AnswerTask, PairTask, task_objective
-from pipeline.pretrain.checkpoint import latest_checkpoint, load_state
-from pipeline.text import load_tokenizer
+from pipeline.train.checkpoint import latest_checkpoint, load_state
+from pipeline.common.text import load_tokenizer
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ Text-only rows (`TextStream`, VL-BERT): `texts(step)` is a pure function of (see
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import tarfile
@@ -50,188 +49,22 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.pretrain.pairs import Pair
-from shards.reader import has_end_marker, shuffle_buffer, shuffle_shards, split_by_node
+from pipeline.corpus.config import CorpusError
+from pipeline.corpus.pairs import Pair
+from pipeline.corpus.read import load_pairs
+from shards.reader import (
+    has_end_marker, read_selected, shuffle_buffer, shuffle_shards, split_by_node,
+)
 from shards.schema import Sample, SchemaError, decode_sample
 from shards.store import scan_shard
-
-CAPTION_SOURCES = ("mscoco", "vg", "cc3m")
-QA_SOURCES = ("vqa", "gqa", "vgqa")
-SOURCES = CAPTION_SOURCES + QA_SOURCES
 
 Row = tuple[Pair, Sample]
 # Keys shown in messages about missing or mismatched images.
 _EXAMPLES = 5
 
 
-class CorpusError(ValueError):
-    """A corpus directory that does not follow the corpus format (pipeline/corpus)."""
-
-
 class JoinError(ValueError):
     """Corpus and shards that cannot be joined, or a stream configuration that cannot work."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Corpus
-
-
-def load_answers(corpus_dir: str | os.PathLike) -> list[str]:
-    """The answer table of a corpus: `answers.json`'s "ans" strings; an answer's index is its
-    position (LXMERT's all_ans.json format). `corpus_dir` may also name the file itself."""
-    path = Path(corpus_dir)
-    path = path / "answers.json" if path.is_dir() else path
-    if not path.is_file():
-        raise CorpusError(f"{path}: no answer table (`pipeline corpus build` writes it)")
-    try:
-        table = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorpusError(f"{path}: not JSON ({e})") from e
-    if not isinstance(table, list):
-        raise CorpusError(f"{path}: expected a list of {{'ans': ...}} objects")
-    answers = []
-    for i, entry in enumerate(table):
-        if not isinstance(entry, dict) or not isinstance(entry.get("ans"), str):
-            raise CorpusError(f"{path}: entry {i} has no string 'ans'")
-        answers.append(entry["ans"])
-    if len(set(answers)) != len(answers):
-        repeated = sorted({a for a in answers if answers.count(a) > 1})[:_EXAMPLES]
-        raise CorpusError(f"{path}: answers listed twice: {repeated}")
-    return answers
-
-
-def load_pairs(
-    corpus_dir: str | os.PathLike,
-    splits: Sequence[str],
-    sources: Sequence[str] | None = None,
-) -> dict[str, list[Pair]]:
-    """Image key -> its pairs, from `{split}.jsonl` of each split (the corpus format).
-
-    Images in order of first appearance (the files are sorted by key), each image's pairs in split
-    order, then in the line's source order, then sentence order. `sources` keeps only those
-    sources' sentences (None: all); images left with no pair are omitted. QA answers are mapped to
-    their index in answers.json. `image_sentences` holds every caption-source sentence
-    (CAPTION_SOURCES) of the image in the splits read, whatever `sources` keeps (so a sentence
-    drawn from another image can be checked against all of this image's captions); one tuple is
-    shared by all the image's pairs. An image listed in two splits gets the pairs of both.
-    """
-    corpus_dir = Path(corpus_dir)
-    splits = (splits,) if isinstance(splits, str) else tuple(splits)
-    if not splits:
-        raise CorpusError(f"{corpus_dir}: no splits given")
-    if sources is not None:
-        sources = (sources,) if isinstance(sources, str) else tuple(sources)
-        unknown = sorted(set(sources) - set(SOURCES))
-        if unknown:
-            raise CorpusError(f"unknown sources {unknown}; the corpus sources are {list(SOURCES)}")
-    answers = _AnswerIndex(corpus_dir)
-    entries: dict[str, list[tuple[str, str, dict[int, float] | None]]] = {}
-    captions: dict[str, list[str]] = {}
-    for split in splits:
-        for image, sentences in _read_split(corpus_dir, split, answers):
-            entries.setdefault(image, []).extend(sentences)
-            captions.setdefault(image, []).extend(
-                sentence for source, sentence, _ in sentences if source in CAPTION_SOURCES
-            )
-    pairs: dict[str, list[Pair]] = {}
-    for image, sentences in entries.items():
-        shared = tuple(captions[image])
-        kept = [
-            Pair(image=image, sentence=sentence, source=source, answers=ans, image_sentences=shared)
-            for source, sentence, ans in sentences
-            if sources is None or source in sources
-        ]
-        if kept:
-            pairs[image] = kept
-    return pairs
-
-
-class _AnswerIndex:
-    """answer string -> index, read from answers.json when a QA sentence first needs it."""
-
-    def __init__(self, corpus_dir: Path):
-        self.corpus_dir = corpus_dir
-        self._index: dict[str, int] | None = None
-
-    def __getitem__(self, answer: str) -> int:
-        if self._index is None:
-            self._index = {a: i for i, a in enumerate(load_answers(self.corpus_dir))}
-        return self._index[answer]
-
-
-def _read_split(
-    corpus_dir: Path, split: str, answers: _AnswerIndex
-) -> Iterator[tuple[str, list[tuple[str, str, dict[int, float] | None]]]]:
-    """(image key, [(source, sentence, answers or None)]) per line of `{split}.jsonl`."""
-    path = corpus_dir / f"{split}.jsonl"
-    if not path.is_file():
-        present = sorted(p.stem for p in corpus_dir.glob("*.jsonl"))
-        raise CorpusError(f"{path}: no such split file (splits in {corpus_dir}: {present})")
-    seen: set[str] = set()
-    number = 0
-    try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    image, sentences = _parse_line(line, answers)
-                except (CorpusError, ValueError, TypeError, KeyError) as e:
-                    raise CorpusError(f"{path}:{number}: {e}") from e
-                if image in seen:
-                    raise CorpusError(f"{path}:{number}: image {image!r} has a second line")
-                seen.add(image)
-                yield image, sentences
-    except UnicodeDecodeError as e:
-        raise CorpusError(f"{path}: not UTF-8 after line {number} ({e})") from e
-
-
-def _parse_line(
-    line: str, answers: _AnswerIndex
-) -> tuple[str, list[tuple[str, str, dict[int, float] | None]]]:
-    try:
-        record = json.loads(line)
-    except ValueError as e:
-        raise CorpusError(f"not JSON ({e})") from e
-    if not isinstance(record, dict) or not isinstance(record.get("image"), str):
-        raise CorpusError("expected an object with a string 'image'")
-    image = record["image"]
-    sentences, qa = record.get("sentences"), record.get("answers", {})
-    if not isinstance(sentences, dict) or not isinstance(qa, dict):
-        raise CorpusError(f"{image}: 'sentences' and 'answers' must be objects")
-    for source in qa:
-        if source not in sentences:
-            raise CorpusError(f"{image}: answers for {source!r}, which has no sentences")
-    out = []
-    for source, texts in sentences.items():
-        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-            raise CorpusError(f"{image}: sentences[{source!r}] must be a list of strings")
-        if source not in qa:
-            out += [(source, text, None) for text in texts]
-            continue
-        scores = qa[source]
-        if not isinstance(scores, list) or len(scores) != len(texts):
-            raise CorpusError(f"{image}: answers[{source!r}] must be a list, one per sentence")
-        for text, answer_scores in zip(texts, scores):
-            out.append((source, text, _answer_indices(image, source, answer_scores, answers)))
-    return image, out
-
-
-def _answer_indices(
-    image: str, source: str, scores: object, answers: _AnswerIndex
-) -> dict[int, float]:
-    if not isinstance(scores, dict):
-        raise CorpusError(f"{image}: answers[{source!r}] entries must be {{answer: score}}")
-    mapped = {}
-    for answer, score in scores.items():
-        if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise CorpusError(f"{image}: {source} answer {answer!r} has score {score!r}")
-        try:
-            mapped[answers[answer]] = float(score)
-        except KeyError:
-            where = answers.corpus_dir / "answers.json"
-            raise CorpusError(f"{image}: {source} answer {answer!r} is not in {where}") from None
-    return mapped
 
 
 # ---------------------------------------------------------------------------------------------
@@ -353,38 +186,8 @@ def joined_members(
             for key in shard.keys:
                 yield shard.path, key, None
             continue
-        yield from _read_shard(shard, wanted)
-
-
-def _read_shard(
-    shard: _Shard, wanted: Callable[[str], bool]
-) -> Iterator[tuple[Path, str, dict[str, bytes] | None]]:
-    joined = set(shard.keys)
-    expected = iter(shard.keys)
-    current: str | None = None
-    members: dict[str, bytes] | None = None
-    try:
-        with tarfile.open(shard.path, mode="r:") as tar:
-            for info in tar:
-                key, _, suffix = info.name.partition(".")
-                if key not in joined:
-                    continue
-                if not info.isfile():
-                    raise SchemaError(f"{shard.path}: {key}: member {info.name!r} is not a file")
-                if key != current:
-                    if current is not None:
-                        yield shard.path, current, members
-                    if next(expected, None) != key:
-                        raise SchemaError(f"{shard.path} changed since it was scanned (at {key!r})")
-                    current, members = key, ({} if wanted(key) else None)
-                if members is not None:
-                    members[suffix] = tar.extractfile(info).read()
-    except tarfile.TarError as e:
-        raise SchemaError(f"{shard.path}: unreadable tar after sample {current!r} ({e})") from e
-    if current is not None:
-        yield shard.path, current, members
-    if next(expected, None) is not None:
-        raise SchemaError(f"{shard.path} changed since it was scanned (samples missing)")
+        for key, members in read_selected(shard.path, shard.keys, wanted):
+            yield shard.path, key, members
 
 
 def decode_joined(

@@ -1,26 +1,22 @@
-"""A pretraining run's Job (pipeline/pretrain/loop.py): the architecture's pretraining model and
+"""A pretraining run's Job (pipeline/train/job.py): the architecture's pretraining model and
 objective, the shards joined with the corpus for training and validation, VL-BERT's text rows."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from pipeline.pretrain.archs import ARCHS
+from model.archs import ARCHS
+from pipeline.common.devices import pick_device, set_threads
+from pipeline.common.text import load_tokenizer
 from pipeline.pretrain.config import PretrainConfig, config_from_dict
-from pipeline.pretrain.data import (
-    PretrainStream,
-    TextStream,
-    ValidationStream,
-    load_answers,
-    load_pairs,
-)
-from pipeline.pretrain.loop import Job, device_of
-from pipeline.text import load_tokenizer
+from pipeline.corpus.read import load_answers, load_pairs
+from pipeline.pretrain.data import PretrainStream, TextStream, ValidationStream
+from pipeline.pretrain.objectives import OBJECTIVES
+from pipeline.train.job import Job
 from shards.reader import iter_samples, list_shards
 
 
@@ -41,11 +37,6 @@ def derive(
     return replace(config, model=replace(config.model, **changes))
 
 
-def set_threads(threads_per_worker: int, world: int) -> None:
-    """torch CPU threads of this worker (0: the cores divided by the workers)."""
-    torch.set_num_threads(threads_per_worker or max(1, (os.cpu_count() or 1) // world))
-
-
 def pretrain_job(values: dict, rank: int, world: int) -> Job:
     """The Job of `to_dict(PretrainConfig)` for worker `rank` of `world`."""
     config = config_from_dict(values)
@@ -60,8 +51,8 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         feature_dim=feature_dim(shards),
         num_answers=len(load_answers(corpus)),
     )
-    spec = ARCHS[config.arch]
-    objective = spec.objective(
+    arch = ARCHS[config.arch]
+    objective = OBJECTIVES[config.arch][1](
         config.objective, tokenizer, max_text_length=data.max_text_length,
         max_boxes=data.max_boxes,
     )
@@ -97,7 +88,7 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         else None
     )
     torch.manual_seed(config.run.seed)
-    module = spec.model(config.model)
+    module = arch.pretraining(config.model)
     if config.run.init_text:
         from model.checkpoints.bert import init_text_from_bert
 
@@ -107,13 +98,13 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
 
     def export(module: nn.Module) -> tuple[str, object, dict]:
         # LXMERT is exported whole (its QA head transfers to VQA / GQA); the others' encoders.
-        part = module if config.arch == "lxmert" else getattr(module, spec.encoder)
+        part = module if type(module) in arch.saved else getattr(module, arch.encoder_attr)
         return config.arch, part.config, part.state_dict()
 
     return Job(
         name=f"pretrain {config.arch}",
         config=config,
-        device=device_of(config.run.device),
+        device=pick_device(config.run.device),
         module=module,
         objective=objective,
         train=train,

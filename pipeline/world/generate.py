@@ -34,10 +34,7 @@ JPEG quality is fixed (`jpeg_quality`).
 
 from __future__ import annotations
 
-import dataclasses
 import random
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +42,7 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from pipeline.config import ConfigError, resolve, to_dict
+from pipeline.common.config import ConfigError, to_dict
 from pipeline.world.formats import cc3m, coco, gqa, nlvr2, vg, vqa
 from pipeline.world.formats.files import (
     jpeg_bytes,
@@ -376,18 +373,3 @@ def format_summary(world: dict, seconds: float, out: Path) -> str:
         f"  CC3M     {c['cc3m']['urls']} urls in {c['cc3m']['shards']} shards, "
         f"{c['cc3m']['failed_to_download']} failed to download",
     ])
-
-
-def run_world_generate(args) -> int:
-    cfg = resolve(WorldConfig(), args.config, args.sets)
-    overrides = {k: v for k, v in (("images", args.images), ("seed", args.seed)) if v is not None}
-    cfg = dataclasses.replace(cfg, **overrides)
-    out = Path(args.out)
-    start = time.perf_counter()
-    try:
-        world = generate_world(cfg, out)
-    except FileExistsError as err:
-        print(f"pipeline world generate: {err}; choose a new --out", file=sys.stderr)
-        return 2
-    print(format_summary(world, time.perf_counter() - start, out))
-    return 0

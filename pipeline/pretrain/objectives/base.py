@@ -1,63 +1,43 @@
-"""What every objective shares: the TrainBatch it builds and BERT-style token masking."""
+"""What the pretraining objectives share: their constructor, BERT-style token masking, row
+checks, the negatives of matching."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 import torch
-from torch import nn
 
 from model.heads import IGNORE_INDEX
-from pipeline.pretrain.pairs import Pair
+from pipeline.corpus.pairs import Pair
+from pipeline.train.batch import Objective
 from shards.schema import Sample
 
 
-@dataclass
-class TrainBatch:
-    """inputs: keyword arguments of the pretraining model's forward; targets: the labels and
-    weights its losses and metrics need; size: rows (pairs) in the batch."""
+class PretrainObjective(Objective):
+    """A pretraining objective's config, the tokenizer and the row sizes: max_text_length
+    wordpieces per text (at least `min_text_length(config)`: [CLS], [SEP] and the objective's
+    other special tokens) and max_boxes regions per image. special_ids: [CLS], [SEP], [PAD], the
+    ids never masked."""
 
-    inputs: dict[str, torch.Tensor]
-    targets: dict[str, torch.Tensor]
-    size: int
+    def __init__(self, config, tokenizer, *, max_text_length: int, max_boxes: int) -> None:
+        least = self.min_text_length(config)
+        if max_text_length < least:
+            raise ValueError(
+                f"max_text_length must be at least {least}, room for the special tokens ([CLS], "
+                f"[SEP], ...), got {max_text_length}"
+            )
+        self.config = config
+        self.tokenizer = tokenizer
+        self.max_text_length = max_text_length
+        self.max_boxes = max_boxes
+        self.special_ids = torch.tensor(
+            [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
+        )
 
-    def to(self, device: torch.device | str) -> TrainBatch:
-        def move(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
-
-        return TrainBatch(inputs=move(self.inputs), targets=move(self.targets), size=self.size)
-
-
-class Objective(Protocol):
-    """One architecture's pretraining tasks (the four in this package follow this protocol).
-    They are module-level classes (they pickle to Ray workers) that draw every random choice from
-    the `rng` they are given, so a batch is a pure function of its rows and the trainer's (seed,
-    epoch, step, rank)."""
-
-    def make_batch(
-        self,
-        pairs: Sequence[Pair],
-        samples: Sequence[Sample],
-        rng: np.random.Generator,
-        *,
-        epoch: int,
-        texts: Sequence[str] | None = None,
-        whole: bool = False,
-    ) -> TrainBatch:
-        """Tokenise, mask, swap and label the rows (pair i shows sample i). whole: mask no word
-        and no region (sentences are still swapped), so that matching is scored on whole pairs,
-        as a classifier of image-sentence pairs is used."""
-        ...
-
-    def compute(
-        self, model: nn.Module, batch: TrainBatch
-    ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """Losses {"loss_<task>": scalar, weighted} and accuracies {"<task>_acc": (correct,
-        count)}, from exactly one forward of `model` (DDP needs one per backward)."""
-        ...
+    @staticmethod
+    def min_text_length(config) -> int:
+        return 2
 
 
 def mask_tokens(
@@ -115,12 +95,3 @@ def choose_other_rows(
         candidates = others[key]
         chosen.append(candidates[int(rng.integers(len(candidates)))] if candidates else None)
     return chosen
-
-
-def accuracy(
-    logits: torch.Tensor, labels: torch.Tensor, where: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(correct, count) float scalars: argmax of logits (..., C) == labels (...) where `where`."""
-    where = where.bool()
-    correct = ((logits.detach().argmax(-1) == labels) & where).sum()
-    return correct.float(), where.sum().float()

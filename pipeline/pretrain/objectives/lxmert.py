@@ -41,18 +41,12 @@ from model.heads import (
     matching_loss,
     region_class_loss,
 )
+from pipeline.common.text import encode_texts
 from pipeline.corpus.config import SOURCES
-from pipeline.pretrain.objectives.base import (
-    Objective,
-    TrainBatch,
-    accuracy,
-    check_rows,
-    choose_other_rows,
-    mask_tokens,
-)
+from pipeline.corpus.pairs import Pair
+from pipeline.pretrain.objectives.base import PretrainObjective, check_rows, choose_other_rows, mask_tokens
 from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
-from pipeline.pretrain.pairs import Pair
-from pipeline.text import encode_texts
+from pipeline.train.batch import TrainBatch, accuracy
 from shards.batch import collate_regions
 from shards.schema import Sample
 
@@ -81,7 +75,7 @@ class LxmertObjectiveConfig:
         epochs. Before it the QA loss is 0 (no row is labelled) but still present.
     mlm_from_epoch: first epoch with masked words (0: the paper's, from the start). Before it
         sentences are fed whole and the masked-LM loss is 0. In a model learned from scratch the
-        masked LM's gradient can keep matching at chance (README, "Where learning stands");
+        masked LM's gradient can keep matching at chance (docs/results.md, "Where learning stands");
         matching learned first survives the masked LM that follows.
     visual_losses: which object-prediction targets to learn: "obj", "attr", "feat".
     visual_loss_weight: factor on each visual loss (1 / 0.15 officially, undoing the mean over all
@@ -180,7 +174,7 @@ def sample_answer(answers: dict[int, float], rng: np.random.Generator) -> int:
     return ids[int(rng.choice(len(ids), p=probs))]
 
 
-class LxmertObjective(Objective):
+class LxmertObjective(PretrainObjective):
     """LXMERT's masked LM, matching, masked object prediction and QA, for LxmertForPreTraining.
 
     TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
@@ -198,38 +192,11 @@ class LxmertObjective(Objective):
             answers and scores, for the official QA score.
     """
 
-    def __init__(
-        self,
-        config: LxmertObjectiveConfig,
-        tokenizer,
-        *,
-        max_text_length: int,
-        max_boxes: int,
-    ) -> None:
-        if max_text_length < 2:
-            raise ValueError(
-                f"max_text_length must leave room for [CLS] and [SEP], got {max_text_length}"
-            )
-        self.config = config
-        self.tokenizer = tokenizer
-        self.max_text_length = max_text_length
-        self.max_boxes = max_boxes
-        self.special_ids = torch.tensor(
-            [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
-        )
-
     # --- batch -----------------------------------------------------------------------------------
 
-    def make_batch(
-        self,
-        pairs: Sequence[Pair],
-        samples: Sequence[Sample],
-        rng: np.random.Generator,
-        *,
-        epoch: int,
-        texts: Sequence[str] | None = None,
-        whole: bool = False,
-    ) -> TrainBatch:
+    def make_batch(self, pairs: Sequence[Pair], samples: Sequence[Sample],
+                   rng: np.random.Generator, *, epoch: int, texts: Sequence[str] | None = None,
+                   whole: bool = False) -> TrainBatch:
         """Rows (pair, its image's sample) -> TrainBatch (class docstring). `texts` is unused;
         `whole`: no word or region masked (Objective.make_batch)."""
         check_rows(pairs, samples)

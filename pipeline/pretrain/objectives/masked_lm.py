@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from model.heads import IGNORE_INDEX, masked_lm_loss
-from pipeline.pretrain.objectives.base import accuracy
+from pipeline.train.batch import accuracy
 
 
 def mlm_positions(labels: torch.Tensor) -> torch.Tensor:

@@ -36,14 +36,9 @@ import torch
 from torch import nn
 
 from model.heads import kl_divergence_loss, matching_loss
-from pipeline.pretrain.objectives.base import (
-    Objective,
-    TrainBatch,
-    accuracy,
-    check_rows,
-    choose_other_rows,
-    mask_tokens,
-)
+from pipeline.common.text import encode_texts
+from pipeline.corpus.pairs import Pair
+from pipeline.pretrain.objectives.base import PretrainObjective, check_rows, choose_other_rows, mask_tokens
 from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
 from pipeline.pretrain.objectives.vlbert import (
     maskable_tokens,
@@ -51,8 +46,7 @@ from pipeline.pretrain.objectives.vlbert import (
     soft_region_accuracy,
     soft_region_loss,
 )
-from pipeline.pretrain.pairs import Pair
-from pipeline.text import encode_texts
+from pipeline.train.batch import TrainBatch, accuracy
 from shards.batch import collate_regions
 from shards.schema import Sample
 
@@ -91,30 +85,16 @@ class VilBertObjectiveConfig:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
 
 
-class VilBertObjective(Objective):
+class VilBertObjective(PretrainObjective):
     """Builds ViLBERT batches (for `VilBertForPreTraining`) and their losses.
 
     max_text_length: wordpieces per caption, [CLS] and [SEP] included; max_boxes: regions kept
     per image (shards store the best-ranked first).
     """
 
-    def __init__(self, config: VilBertObjectiveConfig, tokenizer, *, max_text_length: int,
-                 max_boxes: int) -> None:
-        self.config = config
-        self.tokenizer = tokenizer
-        self.max_text_length = max_text_length
-        self.max_boxes = max_boxes
-
-    def make_batch(
-        self,
-        pairs: Sequence[Pair],
-        samples: Sequence[Sample],
-        rng: np.random.Generator,
-        *,
-        epoch: int,
-        texts: Sequence[str] | None = None,
-        whole: bool = False,
-    ) -> TrainBatch:
+    def make_batch(self, pairs: Sequence[Pair], samples: Sequence[Sample],
+                   rng: np.random.Generator, *, epoch: int, texts: Sequence[str] | None = None,
+                   whole: bool = False) -> TrainBatch:
         """B rows, one per pair (`texts` is not used: ViLBERT has no text-only task; `whole`: no
         word or region masked, Objective.make_batch).
 

@@ -24,17 +24,11 @@ import torch
 from torch import nn
 
 from model.heads import matching_loss
-from pipeline.pretrain.objectives.base import (
-    Objective,
-    TrainBatch,
-    accuracy,
-    check_rows,
-    choose_other_rows,
-    mask_tokens,
-)
+from pipeline.common.text import encode_texts
+from pipeline.corpus.pairs import Pair
+from pipeline.pretrain.objectives.base import PretrainObjective, check_rows, choose_other_rows, mask_tokens
 from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
-from pipeline.pretrain.pairs import Pair
-from pipeline.text import encode_texts
+from pipeline.train.batch import TrainBatch, accuracy
 from shards.batch import collate_regions
 from shards.schema import Sample
 
@@ -61,7 +55,7 @@ class VisualBertObjectiveConfig:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
-class VisualBertObjective(Objective):
+class VisualBertObjective(PretrainObjective):
     """Masked LM and sentence-image prediction, for VisualBertForPreTraining.
 
     TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
@@ -72,36 +66,13 @@ class VisualBertObjective(Objective):
     not masked; match_labels (B,) long, 1 when c2 also describes the image.
     """
 
-    def __init__(
-        self,
-        config: VisualBertObjectiveConfig,
-        tokenizer,
-        *,
-        max_text_length: int,
-        max_boxes: int,
-    ) -> None:
-        # [CLS] c1 [SEP] c2 [SEP] needs three special tokens.
-        least = 3 if config.matching else 2
-        if max_text_length < least:
-            raise ValueError(f"max_text_length must be at least {least}, got {max_text_length}")
-        self.config = config
-        self.tokenizer = tokenizer
-        self.max_text_length = max_text_length
-        self.max_boxes = max_boxes
-        self.special_ids = torch.tensor(
-            [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
-        )
+    @staticmethod
+    def min_text_length(config: VisualBertObjectiveConfig) -> int:
+        return 3 if config.matching else 2  # [CLS] c1 [SEP] c2 [SEP] needs three special tokens
 
-    def make_batch(
-        self,
-        pairs: Sequence[Pair],
-        samples: Sequence[Sample],
-        rng: np.random.Generator,
-        *,
-        epoch: int,
-        texts: Sequence[str] | None = None,
-        whole: bool = False,
-    ) -> TrainBatch:
+    def make_batch(self, pairs: Sequence[Pair], samples: Sequence[Sample],
+                   rng: np.random.Generator, *, epoch: int, texts: Sequence[str] | None = None,
+                   whole: bool = False) -> TrainBatch:
         """Rows (pair, its image's sample) -> TrainBatch (class docstring). `epoch` and `texts`
         are unused: every epoch is alike; `whole`: no word masked (Objective.make_batch)."""
         check_rows(pairs, samples)

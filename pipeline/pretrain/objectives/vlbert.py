@@ -40,15 +40,10 @@ import torch
 from torch import nn
 
 from model.heads import IGNORE_INDEX, masked_lm_loss, soft_cross_entropy
-from pipeline.pretrain.objectives.base import (
-    Objective,
-    TrainBatch,
-    accuracy,
-    check_rows,
-    mask_tokens,
-)
-from pipeline.pretrain.pairs import Pair
-from pipeline.text import encode_texts
+from pipeline.common.text import encode_texts
+from pipeline.corpus.pairs import Pair
+from pipeline.pretrain.objectives.base import PretrainObjective, check_rows, mask_tokens
+from pipeline.train.batch import TrainBatch, accuracy
 from shards.batch import collate_regions
 from shards.schema import Sample
 
@@ -83,30 +78,16 @@ class VlBertObjectiveConfig:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
 
 
-class VlBertObjective(Objective):
+class VlBertObjective(PretrainObjective):
     """Builds VL-BERT batches (for `VlBertForPreTraining`) and their losses.
 
     max_text_length: wordpieces per row, [CLS] and [SEP] included (captions and passages alike);
     max_boxes: regions kept per image (shards store the best-ranked first).
     """
 
-    def __init__(self, config: VlBertObjectiveConfig, tokenizer, *, max_text_length: int,
-                 max_boxes: int) -> None:
-        self.config = config
-        self.tokenizer = tokenizer
-        self.max_text_length = max_text_length
-        self.max_boxes = max_boxes
-
-    def make_batch(
-        self,
-        pairs: Sequence[Pair],
-        samples: Sequence[Sample],
-        rng: np.random.Generator,
-        *,
-        epoch: int,
-        texts: Sequence[str] | None = None,
-        whole: bool = False,
-    ) -> TrainBatch:
+    def make_batch(self, pairs: Sequence[Pair], samples: Sequence[Sample],
+                   rng: np.random.Generator, *, epoch: int, texts: Sequence[str] | None = None,
+                   whole: bool = False) -> TrainBatch:
         """Rows: the B pairs, then the P passages of `texts` (when text_mlm); `whole`: no word or
         RoI masked (Objective.make_batch).
 

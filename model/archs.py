@@ -1,0 +1,46 @@
+"""The four architectures by name: the one table that the checkpoint formats, the trainer and the
+command line look them up in. A plain dict, no registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertModel
+from model.vilbert import VilBertConfig, VilBertModel
+from model.vilbert_pretraining import VilBertForPreTraining
+from model.visualbert import VisualBertConfig, VisualBertModel
+from model.visualbert_pretraining import VisualBertForPreTraining
+from model.vlbert import VlBertConfig, VlBertModel
+from model.vlbert_pretraining import VlBertForPreTraining
+
+
+@dataclass(frozen=True)
+class Arch:
+    """config: the architecture's config dataclass. encoder: the model without heads (what
+    fine-tuning wraps). pretraining: the model with its paper's pretraining heads, whose
+    `encoder_attr` attribute holds the encoder. saved: the classes a checkpoint of this
+    architecture may hold, the default first: LXMERT's whole pretraining model (its QA head
+    transfers to VQA / GQA) or its encoder; the encoder alone for the others."""
+
+    config: type
+    encoder: type[nn.Module]
+    pretraining: type[nn.Module]
+    encoder_attr: str
+    saved: tuple[type[nn.Module], ...]
+
+
+ARCHS: dict[str, Arch] = {
+    "lxmert": Arch(
+        LxmertConfig, LxmertModel, LxmertForPreTraining, "lxmert",
+        (LxmertForPreTraining, LxmertModel),
+    ),
+    "visualbert": Arch(
+        VisualBertConfig, VisualBertModel, VisualBertForPreTraining, "visualbert",
+        (VisualBertModel,),
+    ),
+    "vlbert": Arch(VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert", (VlBertModel,)),
+    "vilbert": Arch(VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert", (VilBertModel,)),
+}
+ARCH_NAMES = tuple(ARCHS)

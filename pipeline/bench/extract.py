@@ -1,0 +1,134 @@
+"""`pipeline bench extract`: images/s and time per stage; with `--ray`, the Ray engine's overhead.
+
+Runs `pipeline extract`'s own path (`extract_refs`: plan, decode, the Extractor, the shard writer)
+over N images into a temporary directory. Throughput is the steady state: images written after
+the first batch divided by the time from the first batch's write to the last one's, so model
+loading, warm-up and (for Ray) cluster and actor start-up are left out; they are reported apart.
+Images that fail to decode are recorded as in extraction. Stage times are milliseconds per
+written image: decode and preprocess run beside the detector and do not add up to the wall time.
+`--ray` runs the in-process engine and then the Ray engine on the same images, detector and batch
+size, and reports overhead = 1 - ray images/s / in-process images/s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from pipeline.common.assets import SAMPLE_IMAGES
+from pipeline.common.config import ConfigError
+from pipeline.common.devices import pick_device
+from pipeline.datasets import ImageRef, list_images
+from pipeline.extract.config import ExtractJobConfig, resolve_job
+from pipeline.extract.job import extract_refs
+from pipeline.extract.output import Tally
+
+STAGES = ("decode", "preprocess", "backbone", "rpn", "roi_head", "selection", "write")
+
+
+def bench_refs(folder: Path, count: int) -> list[ImageRef]:
+    """`count` images from `folder`, cycling through them with distinct ids when it holds fewer."""
+    refs = list_images("folder", str(folder))
+    return [
+        dataclasses.replace(refs[i % len(refs)], image_id=f"{refs[i % len(refs)].image_id}-{i}")
+        for i in range(count)
+    ]
+
+
+def hardware() -> str:
+    if torch.cuda.is_available():
+        return f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+    return f"CPU {platform.processor() or platform.machine()} x{torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def steady_rate(tally: Tally) -> float:
+    """Images/s from the first batch's write to the last one's (0 if there is one batch)."""
+    (first, _), (last, _) = tally.timeline[0], tally.timeline[-1]
+    images = sum(n for _, n in tally.timeline[1:])
+    return images / (last - first) if last > first else 0.0
+
+
+def run_engine(job: ExtractJobConfig, refs: list[ImageRef], out: Path, weights: str | None) -> dict:
+    """One timed extraction of `refs` into `out`: rates, stage times and start-up seconds."""
+    start = time.perf_counter()
+    tally = extract_refs(job, refs, {"dataset": "bench", "root": "bench"}, out, weights)
+    wall = time.perf_counter() - start
+    n = max(tally.ok, 1)
+    return {
+        "engine": job.run.engine,
+        "batch": job.run.batch_size,
+        "precision": job.run.precision,
+        "images_per_s": steady_rate(tally),
+        "end_to_end_per_s": len(refs) / wall,
+        "ray_start_s": tally.seconds["ray_start"],
+        "first_batch_s": tally.timeline[0][0] - start,
+        "boxes_per_image": sum(tally.boxes) / n,
+        **{s: 1000 * tally.seconds[s] / n for s in STAGES},
+    }
+
+
+def same_samples(a: Path, b: Path) -> bool:
+    """Whether two shard directories hold the same samples (per-sample digests in their stats)."""
+    def digests(d: Path) -> dict:
+        return {p.name: json.loads(p.read_text())["sample_sha256"] for p in d.glob("*_stats.json")}
+    return digests(a) == digests(b)
+
+
+def bench_extract(args) -> list[dict]:
+    folder = Path(args.images) if args.images else SAMPLE_IMAGES
+    refs = bench_refs(folder, args.num_images)
+    engines = ("local", "ray") if args.ray else ("local",)
+    rows = []
+    for precision in args.precisions.split(","):
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            job = resolve_job(args.config, args.sets, device=args.device)
+            job = dataclasses.replace(
+                job, run=dataclasses.replace(job.run, batch_size=batch_size, precision=precision)
+            )
+            if precision != "fp32" and pick_device(job.run.device).type != "cuda":
+                raise ConfigError(f"precision {precision} needs a CUDA device")
+            with tempfile.TemporaryDirectory() as tmp:
+                for engine in engines:
+                    run = dataclasses.replace(job.run, engine=engine)
+                    engine_job = dataclasses.replace(job, run=run)
+                    rows.append(run_engine(engine_job, refs, Path(tmp) / engine, args.weights))
+                if args.ray:
+                    local, ray = rows[-2:]
+                    ray["overhead"] = 1 - ray["images_per_s"] / local["images_per_s"]
+                    ray["same_samples"] = same_samples(Path(tmp) / "local", Path(tmp) / "ray")
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    head = ("| engine | batch | precision | images/s | end to end | start-up s | boxes/img | "
+            + " | ".join(f"{s} ms" for s in STAGES) + " |")
+    lines = [head, "|" + "---|" * (7 + len(STAGES))]
+    for r in rows:
+        stages = " | ".join(f"{r[s]:.1f}" for s in STAGES)
+        startup = f"{r['first_batch_s']:.1f}"
+        if r["engine"] == "ray":
+            startup += f" (Ray {r['ray_start_s']:.1f})"
+        lines.append(
+            f"| {r['engine']} | {r['batch']} | {r['precision']} | {r['images_per_s']:.2f} | "
+            f"{r['end_to_end_per_s']:.2f} | {startup} | {r['boxes_per_image']:.1f} | {stages} |"
+        )
+    for r in rows:
+        if "overhead" in r:
+            lines.append(
+                f"Ray overhead (batch {r['batch']}, {r['precision']}): {100 * r['overhead']:.1f}% "
+                f"of in-process images/s; same samples: {'yes' if r['same_samples'] else 'NO'}"
+            )
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    rows = bench_extract(args)
+    print(f"hardware: {hardware()}")
+    print(format_table(rows))
+    return 0

@@ -1,0 +1,8 @@
+"""What every stage uses: configuration, devices, the Ray session, the text side, bundled assets.
+
+config.py       frozen dataclasses <- YAML + `--set`; ConfigError; the --config / --set arguments
+devices.py      "auto" / "cpu" / "cuda[:N]" -> a torch device; torch CPU threads per worker
+ray_session.py  join a Ray cluster or start a local one for a run (imported only when Ray is used)
+text.py         the BERT WordPiece tokenizer and (B, T) id tensors
+assets.py       the bundled world detector, sample photographs and shipped configs
+"""

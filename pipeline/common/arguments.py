@@ -1,0 +1,38 @@
+"""Command-line arguments every verb shares: --config / --set, and a verb's actions
+(`pipeline corpus build`, `pipeline shards verify`, ...)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """A verb's `--config FILE` and repeatable `--set key=value` (into args.config, args.sets)."""
+    group = parser.add_argument_group("configuration")
+    group.add_argument("--config", metavar="FILE", help="YAML file with config values")
+    group.add_argument(
+        "--set",
+        dest="sets",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one config value, e.g. --set detector.depth=18 (repeatable; "
+        "applied after --config; unknown keys are errors)",
+    )
+
+
+class Actions:
+    """The actions of a verb: `Actions(parser, "corpus_verb").add("build", help, description)`
+    returns the action's parser; the chosen action's name lands in args.<dest>."""
+
+    def __init__(self, parser: argparse.ArgumentParser, dest: str, metavar: str = "ACTION"):
+        self.actions = parser.add_subparsers(dest=dest, metavar=metavar, required=True)
+
+    def add(self, name: str, help: str, description: str, *,
+            config: bool = True) -> argparse.ArgumentParser:
+        """The parser of action `name`, taking --config and --set unless `config` is false (its
+        "configuration" group lists after the action's own options whenever they are added)."""
+        parser = self.actions.add_parser(name, help=help, description=description)
+        if config:
+            add_config_args(parser)
+        return parser

@@ -1,0 +1,337 @@
+"""`pipeline demo`: the whole pipeline learning on a laptop, from pixels to benchmark scores.
+
+1. generate a synthetic world in the real datasets' formats (`pipeline world generate`);
+2. load the bundled world detector (pipeline/assets/, trained by `pipeline detector train`);
+3. extract the COCO and NLVR2 images with Ray (`pipeline extract`), then verify the shards;
+4. build the LXMERT pretraining corpus (`pipeline corpus build`, minival held out);
+5. pretrain a small LXMERT (`pipeline pretrain`, the paper's five tasks) and, beside it,
+   fine-tune VQA and NLVR2 from scratch (`pipeline finetune`);
+6. fine-tune VQA and NLVR2 from the pretrained model, as it is and language-only (every region
+   zeroed). Training runs go two at a time, one per core, each in a worker process;
+7. predict the held-out splits and score them with the official metrics (`pipeline predict`,
+   `pipeline evaluate`): VQA on the minival images, NLVR2 on dev;
+8. print the table, write it to results.json, and draw one held-out VQA example's regions and
+   its question's attention over them (pictures/boxes.png, pictures/attention.png).
+
+Every step keeps its output under --out and is skipped (or resumed) when run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.assets import CONFIGS
+from pipeline.common.arguments import add_config_args
+from pipeline.common.config import resolve, to_dict
+
+HELP = "the whole pipeline learning on a laptop: world -> features -> LXMERT -> VQA, NLVR2"
+DESCRIPTION = (
+    "Generate a synthetic world, extract its images with Ray and the bundled detector, pretrain "
+    "a small LXMERT, fine-tune VQA and NLVR2 (pretrained, from scratch, language-only), score "
+    "the held-out splits with the official metrics; prints the table, writes OUT/results.json "
+    "and OUT/pictures/. About 8-11 minutes on 2 CPU cores, two training runs at a time; a second "
+    "run reuses what the first finished. Sizes and world: --set world_images=..., --set "
+    "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/demo.py)."
+)
+# Every model of the demo: configs/pretrain/lxmert_tiny (LXMERT at hidden 64, no dropout) with
+# DemoConfig.cross_layers cross-modality layers.
+PRETRAIN_CONFIG = CONFIGS / "pretrain" / "lxmert_tiny.yaml"
+VARIANTS = ("pretrained", "scratch", "language_only")
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """The world: world_images / world_seed (the bundled detector was trained on seed 0's default
+    world); min_objects / max_objects per scene and the palette (shapes, colors, materials): a
+    small world, so the hidden-64 model learns it in the demo's minutes (one material, because
+    the bundled detector does not see material: docs/results.md, "Where learning stands"); vqa_per_image:
+    VQA questions asked per image; nlvr2_sentences_per_set: NLVR2 statements written for each set
+    of four image pairs. minival_images: COCO val images held out from pretraining and
+    fine-tuning, on which VQA is scored. engine: the extraction engine (ray or local).
+    pretrain_epochs / vqa_epochs / nlvr2_epochs: passes over the data; batch_size: fine-tuning
+    examples per step. cross_layers: the small LXMERT's cross-modality layers (its language and
+    object encoders have 2 and 1); a second one answered relation and shape questions sooner.
+    threads: torch threads per training run (0: all cores); one, because these
+    hidden-64 models are too small to share a step between cores (VQA fine-tuning ran at 3.9-4.5
+    steps/s with two threads and 7.6-8.3 with one). parallel: training runs at once, each in its
+    own process (output in its run directory's train.log), so both cores work."""
+
+    world_images: int = 600
+    world_seed: int = 7
+    min_objects: int = 1
+    max_objects: int = 3
+    shapes: tuple[str, ...] = ("ball", "box", "triangle", "star")
+    colors: tuple[str, ...] = ("red", "blue", "green", "yellow", "white")
+    materials: tuple[str, ...] = ("plastic",)
+    vqa_per_image: int = 30
+    nlvr2_sentences_per_set: int = 8
+    minival_images: int = 40
+    engine: str = "ray"
+    pretrain_epochs: int = 4
+    vqa_epochs: int = 16
+    nlvr2_epochs: int = 32
+    batch_size: int = 32
+    cross_layers: int = 2
+    threads: int = 1
+    parallel: int = 2
+
+
+class Steps:
+    """Numbered progress lines with the time since the demo started."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def __call__(self, what: str) -> None:
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        print(f"\n[{self.done}/{self.total}] {what}  ({elapsed:.0f} s so far)", flush=True)
+
+
+def _world_config(cfg: DemoConfig):
+    from pipeline.world.generate import WorldConfig
+
+    return WorldConfig(images=cfg.world_images, seed=cfg.world_seed, min_objects=cfg.min_objects,
+                       max_objects=cfg.max_objects, shapes=cfg.shapes, colors=cfg.colors,
+                       materials=cfg.materials, vqa_per_image=cfg.vqa_per_image,
+                       nlvr2_sentences_per_set=cfg.nlvr2_sentences_per_set)
+
+
+def _train(build, config, run: Path) -> None:
+    """A pretraining or fine-tuning run (`build`: pretrain_job or finetune_job) in this process,
+    resumed from its last checkpoint if an earlier one broke off; its `done` file marks it
+    finished (Trainings skips it then)."""
+    from pipeline.train.checkpoint import latest_checkpoint
+    from pipeline.train.launch import run_training
+
+    resume = latest_checkpoint(run) is not None
+    run_training(build, config, run, resume=resume)
+    (run / "done").write_text("")
+
+
+def _pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path):
+    from pipeline.pretrain.config import load_config
+
+    return load_config(PRETRAIN_CONFIG, [
+        f"data.corpus={corpus}", f"data.shards=[{coco}]", "data.train_splits=[train,nominival]",
+        f"model.cross_layers={cfg.cross_layers}",
+        "run.workers=0", f"run.epochs={cfg.pretrain_epochs}", "run.log_every=10",
+        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200",
+    ])
+
+
+def _train_logged(build, config, run: Path) -> float:
+    """`_train` in a worker process with its output in run/train.log; returns its seconds."""
+    import contextlib
+
+    run.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with open(run / "train.log", "a") as log, contextlib.redirect_stdout(log), \
+            contextlib.redirect_stderr(log):
+        _train(build, config, run)
+    return time.perf_counter() - start
+
+
+def _last_step(run: Path) -> int:
+    from pipeline.train.logs import METRICS, read_metrics
+
+    records = read_metrics(run) if (run / METRICS).is_file() else []
+    return records[-1]["step"] if records else 0
+
+
+class Trainings:
+    """Training runs, `parallel` at once in worker processes (each run's output in its
+    train.log), with a progress line every half minute; with parallel <= 1 each run trains in
+    this process when it is submitted. A finished run (its `done` file) is not trained again."""
+
+    def __init__(self, parallel: int) -> None:
+        self.pool, self.futures = None, {}
+        if parallel > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            context = multiprocessing.get_context("spawn")  # no forked torch threads or Ray state
+            self.pool = ProcessPoolExecutor(parallel, mp_context=context)
+
+    def __enter__(self) -> Trainings:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+    def submit(self, name: str, build, config, run: Path) -> None:
+        if (run / "done").is_file():
+            print(f"{name}: {run}: trained already")
+        elif self.pool is None:
+            print(f"\n{name}:")
+            _train(build, config, run)
+        else:
+            print(f"{name}: queued (output: {run / 'train.log'})", flush=True)
+            self.futures[self.pool.submit(_train_logged, build, config, run)] = (name, run)
+
+    def wait(self, name: str | None = None) -> None:
+        """Until run `name` (None: every run) has finished."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+
+        def waiting() -> bool:
+            names = [n for n, _ in self.futures.values()]
+            return name in names if name else bool(names)
+
+        while waiting():
+            finished, _ = wait(list(self.futures), timeout=30, return_when=FIRST_COMPLETED)
+            for future in finished:
+                done, run = self.futures.pop(future)
+                if future.exception() is not None:
+                    print(f"{done}: failed; its output is in {run / 'train.log'}")
+                    raise future.exception()
+                print(f"{done}: trained in {future.result():.0f} s", flush=True)
+            at = {n: _last_step(run) for n, run in self.futures.values()}
+            steps = [f"{n} at step {step}" for n, step in at.items() if step]
+            if steps and not finished:
+                print("  " + ", ".join(steps), flush=True)
+
+
+def _finetune_config(task: str, cfg: DemoConfig, variant: str, pretrain_config, pretrain_run: Path,
+                     world: Path, corpus: Path, shards: Path):
+    from pipeline.finetune.config import load_config
+    from pipeline.train.checkpoint import latest_checkpoint
+
+    if task == "vqa":
+        data = [f"data.root={world / 'vqa'}", "data.train=[train2014]", "data.val=val2014",
+                f"data.holdout={corpus}", "data.min_answer_count=1"]
+    else:
+        data = [f"data.root={world / 'nlvr2'}", "data.train=[train]", "data.val=dev"]
+    sets = data + [
+        f"data.shards=[{shards}]", f"data.batch_size={cfg.batch_size}", "run.workers=0",
+        f"run.epochs={cfg.vqa_epochs if task == 'vqa' else cfg.nlvr2_epochs}", "run.log_every=10",
+        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200", "optim.lr=1e-3",
+    ]
+    if variant != "scratch":
+        sets.append(f"init={latest_checkpoint(pretrain_run) / 'model'}")
+        if task == "vqa":
+            sets.append(f"init_answers={corpus}")
+    if variant == "language_only":
+        sets.append("data.language_only=true")
+    config = load_config(task, None, sets)
+    if variant == "scratch":
+        config = dataclasses.replace(config, model=pretrain_config.model)
+    return config
+
+
+def _score(task: str, run: Path, world: Path, corpus: Path) -> dict:
+    """The official metrics of a run's predictions on the held-out split (in %)."""
+    from pipeline.evaluate.nlvr2 import evaluate_nlvr2
+    from pipeline.evaluate.vqa import evaluate_vqa
+    from pipeline.finetune.data import holdout_images
+    from pipeline.finetune.predict import predict_subset, write_submission
+
+    if task == "vqa":
+        predictions = predict_subset("vqa", run, "val2014", holdout=str(corpus))
+        path = run / "minival_predictions.json"
+        write_submission("vqa", predictions, path)
+        images = {int(k.removeprefix("coco-")) for k in holdout_images(corpus)}
+        vqa = world / "vqa"
+        scores = evaluate_vqa(path, vqa / "v2_mscoco_val2014_annotations.json",
+                              vqa / "v2_OpenEnded_mscoco_val2014_questions.json", images)
+        return {"accuracy": scores.overall}
+    predictions = predict_subset("nlvr2", run, "dev")
+    path = run / "dev_predictions.csv"
+    write_submission("nlvr2", predictions, path)
+    return evaluate_nlvr2(path, world / "nlvr2" / "dev.json").as_dict()
+
+
+def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> list[Path]:
+    """boxes.png and attention.png of the first held-out VQA colour question."""
+    from pipeline.demo.pictures import write_example_pictures
+    from pipeline.extract.show import sample_image
+    from pipeline.finetune.data import holdout_images, subset_examples
+    from shards.store import FeatureStore
+
+    held = holdout_images(corpus)
+    examples = [e for e in subset_examples("vqa", world / "vqa", "val2014") if e.images[0] in held]
+    example = next((e for e in examples if "color" in e.sentence), examples[0])
+    sample = FeatureStore(coco)[example.images[0]]
+    image_bytes, _ = sample_image(sample, coco, None)
+    return write_example_pictures(run, example, sample, image_bytes, out)
+
+
+def format_results(results: dict) -> str:
+    lines = [
+        "                      VQA acc   NLVR2 acc   NLVR2 cons",
+        *(
+            f"  {variant:<18}{results['vqa'][variant]:8.2f}"
+            f"{results['nlvr2'][variant]['accuracy']:12.2f}"
+            f"{results['nlvr2'][variant]['consistency']:13.2f}"
+            for variant in VARIANTS
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
+    add_config_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.common.assets import bundled_detector
+    from pipeline.demo.world_setup import Extraction, corpus, extract, generate
+    from pipeline.finetune.job import finetune_job
+    from pipeline.pretrain.job import pretrain_job
+
+    cfg = resolve(DemoConfig(), args.config, args.sets)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo_config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    step = Steps(8)
+
+    step(f"generate a {cfg.world_images}-image world (seed {cfg.world_seed})")
+    world = generate(_world_config(cfg), out / "world")
+    step("load the bundled world detector")
+    print("detector: config %s, weights %s" % bundled_detector())
+    step("extract COCO and NLVR2 images into shards")
+    extraction = Extraction(engine=cfg.engine, device="cpu", shard_size=64)
+    coco = extract(world, "coco", out / "features" / "coco", extraction, verify=True)
+    nlvr2 = extract(world, "nlvr2", out / "features" / "nlvr2", extraction, verify=True)
+    step("build the pretraining corpus")
+    corpus_dir = corpus(world, out / "corpus", minival_images=cfg.minival_images)
+    pretrain_config = _pretrain_config(cfg, corpus_dir, coco)
+    pretrain_run = out / "runs" / "pretrain"
+    runs = {(task, variant): out / "runs" / f"{task}_{variant}"
+            for task in ("vqa", "nlvr2") for variant in VARIANTS}
+    shards = {"vqa": coco, "nlvr2": nlvr2}
+
+    def finetune(task: str, variant: str) -> None:
+        config = _finetune_config(task, cfg, variant, pretrain_config, pretrain_run, world,
+                                  corpus_dir, shards[task])
+        trainings.submit(f"{task} {variant}", finetune_job, config, runs[task, variant])
+
+    with Trainings(cfg.parallel) as trainings:
+        # The from-scratch runs need no pretrained model: they train beside the pretraining.
+        step("pretrain a small LXMERT; meanwhile fine-tune VQA and NLVR2 from scratch")
+        trainings.submit("pretrain", pretrain_job, pretrain_config, pretrain_run)
+        for task in ("vqa", "nlvr2"):
+            finetune(task, "scratch")
+        trainings.wait("pretrain")
+        step("fine-tune VQA and NLVR2 from the pretrained model, with and without the image")
+        for task in ("vqa", "nlvr2"):
+            for variant in ("pretrained", "language_only"):
+                finetune(task, variant)
+        trainings.wait()
+    step("score the held-out splits with the official metrics")
+    results = {
+        "vqa": {v: _score("vqa", runs["vqa", v], world, corpus_dir)["accuracy"] for v in VARIANTS},
+        "nlvr2": {v: _score("nlvr2", runs["nlvr2", v], world, corpus_dir) for v in VARIANTS},
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    step("results")
+    print(format_results(results))
+    pictures = _pictures(runs["vqa", "pretrained"], world, corpus_dir, coco, out / "pictures")
+    print(f"\nresults.json, pictures ({', '.join(p.name for p in pictures)}) in {out}")
+    return 0

@@ -1,0 +1,124 @@
+"""`pipeline extract` configuration: the extractor's own config (extractor/config.py) plus how to
+run it (engine, device, batches) and where to write, resolved from a preset, YAML and `--set`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from extractor.config import PRESETS, ExtractorConfig
+from pipeline.common.config import ConfigError, load_yaml, parse_sets, resolve, to_dict
+
+Engine = Literal["ray", "local"]
+Precision = Literal["fp32", "bf16", "fp16"]
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to run an extraction. Only `precision` and `seed` (which fixes a random-init detector)
+    can change the samples; the rest (ENGINE_FIELDS) may differ between a run and its resumption.
+
+    engine: "ray" (Ray Data: decode tasks, detector actors; a local Ray unless --address) or
+        "local" (one process).
+    device: "auto" (cuda if available), "cpu", "cuda", "cuda:N". With Ray, "auto" and "cuda" mean
+        the GPUs Ray assigns each actor.
+    precision: autocast on GPU.
+    batch_size: images per detector batch, cut from the start of each shard.
+    decode_threads: the local engine's decoding threads.
+    actors, gpus_per_actor, decoders: the Ray engine's detector actors, GPUs each (fractions share
+        a GPU) and decode tasks. None = from the cluster's resources: gpus_per_actor 1 if it has
+        GPUs (else 0), one actor per GPU (else 1 CPU actor), decoders = the CPUs left (at least 1).
+    """
+
+    engine: Engine = "ray"
+    device: str = "auto"
+    precision: Precision = "fp32"
+    batch_size: int = 4
+    decode_threads: int = 2
+    seed: int = 0
+    actors: int | None = None
+    gpus_per_actor: float | None = None
+    decoders: int | None = None
+
+
+ENGINE_FIELDS = (
+    "engine", "device", "batch_size", "decode_threads", "actors", "gpus_per_actor", "decoders",
+)
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """shard_size: images per shard. keep_images: store the encoded image in each sample."""
+
+    shard_size: int = 1000
+    keep_images: bool = False
+
+
+@dataclass(frozen=True)
+class ExtractJobConfig(ExtractorConfig):
+    """An extraction run: the extractor's own config plus how to run it and where to write."""
+
+    run: EngineConfig = field(default_factory=EngineConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def extractor_config(self) -> ExtractorConfig:
+        names = [f.name for f in dataclasses.fields(ExtractorConfig)]
+        return ExtractorConfig(**{name: getattr(self, name) for name in names})
+
+    def sample_config(self) -> dict:
+        """The config as a dict without the engine settings: what decides the samples."""
+        config = to_dict(self)
+        config["run"] = {k: v for k, v in config["run"].items() if k not in ENGINE_FIELDS}
+        return config
+
+
+def resolve_job(
+    config: str | None,
+    sets: list[str],
+    preset: str | None = None,
+    boxes: str | None = None,
+    device: str | None = None,
+    **run_flags,
+) -> ExtractJobConfig:
+    """Defaults <- the preset's preprocessing and selection <- YAML <- --set <- explicit flags.
+
+    The preset is taken from the flag, else from the YAML or a `--set preset=...`, else "caffe".
+    run_flags: RunConfig fields given as flags (None = not given).
+    """
+    if preset is None:
+        preset = next((v for k, v in parse_sets(sets) if k == ["preset"]), None)
+    if preset is None and config is not None:
+        preset = load_yaml(config).get("preset")
+    preset = preset or "caffe"
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+    preprocess, selection = PRESETS[preset]
+    base = ExtractJobConfig(preprocess=preprocess, selection=selection, preset=preset)
+    job = resolve(base, config, sets)
+    job = dataclasses.replace(job, preset=preset)
+    if boxes is not None:
+        job = dataclasses.replace(job, selection=dataclasses.replace(job.selection, mode=boxes))
+    given = {k: v for k, v in {"device": device, **run_flags}.items() if v is not None}
+    return dataclasses.replace(job, run=dataclasses.replace(job.run, **given))
+
+
+def load_given_boxes(path: str) -> dict[str, np.ndarray]:
+    """`{image_id: [[x1, y1, x2, y2], ...]}` JSON in original pixels -> float32 arrays."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"given boxes file {path}: {err}") from err
+    boxes = {}
+    for image_id, rows in raw.items():
+        arr = np.asarray(rows, dtype=np.float32).reshape(-1, 4) if rows else np.zeros((0, 4), np.float32)
+        if len(arr) == 0:
+            raise ConfigError(f"given boxes file {path}: image {image_id!r} has no boxes")
+        boxes[str(image_id)] = arr
+    return boxes

@@ -1,0 +1,115 @@
+"""An extraction run: list -> read, decode and resize -> detect -> write shards, resumably.
+
+Two engines run the same plan (`pipeline.extract.plan`) with the same steps
+(`pipeline.extract.steps`) and write the same samples:
+- "ray" (default): Ray Data decode tasks and detector actors, on a local Ray or a cluster;
+  `pipeline.extract.ray_engine`, imported only when chosen.
+- "local": one process; decoding in a thread pool, one Extractor.
+Shards whose stats file exists are kept, so re-running the same command resumes. A bad image
+becomes a failure record in its shard's stats and status table; the rest of the shard is written.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from pipeline.common.config import ConfigError, to_dict
+from pipeline.datasets import ImageRef, list_images
+from pipeline.extract.config import ExtractJobConfig
+from pipeline.extract.detector import build_extractor, detector_record
+from pipeline.extract.local import LocalEngine
+from pipeline.extract.output import (
+    ExtractLog,
+    OutputLock,
+    ShardSink,
+    Tally,
+    format_summary,
+    save_job_config,
+)
+from pipeline.extract.plan import plan_shards, plan_units
+from shards.writer import completed_shards, write_manifest
+
+
+def extract_dataset(
+    job: ExtractJobConfig,
+    dataset: str,
+    root: str,
+    out_dir: str | Path,
+    weights: str | None = None,
+    given_boxes: dict[str, np.ndarray] | None = None,
+    show_progress: bool = True,
+    address: str | None = None,
+) -> Tally:
+    """Extract every image of `dataset` under `root` into shards in `out_dir` (resumable)."""
+    record = {"dataset": dataset, "root": str(Path(root).resolve())}
+    refs = list_images(dataset, root)
+    return extract_refs(job, refs, record, out_dir, weights, given_boxes, show_progress, address)
+
+
+def extract_refs(
+    job: ExtractJobConfig,
+    refs: list[ImageRef],
+    record: dict,
+    out_dir: str | Path,
+    weights: str | None = None,
+    given_boxes: dict[str, np.ndarray] | None = None,
+    show_progress: bool = True,
+    address: str | None = None,
+) -> Tally:
+    """Extract sorted `refs` into `out_dir`; `record` names their dataset and root for the config.
+
+    address: the Ray cluster to join (engine "ray"); None starts a local one for this run.
+    """
+    start = time.perf_counter()
+    if job.selection.mode == "given" and given_boxes is None:
+        raise ConfigError("box mode 'given' needs --given-boxes FILE")
+    if address is not None and job.run.engine != "ray":
+        raise ConfigError("--address joins a Ray cluster; it needs --engine ray")
+    plan = plan_shards(refs, job.output.shard_size)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tally = Tally()
+    with OutputLock(out_dir):
+        if job.run.engine == "local":
+            extractor, detector = build_extractor(job, weights)
+        else:
+            detector = detector_record(job, weights)
+        save_job_config(out_dir, record | {"detector": detector, "config": job.sample_config()})
+        done = completed_shards(out_dir)
+        todo = [(name, shard_refs) for name, shard_refs in plan if name not in done]
+        units = plan_units(todo, job.run.batch_size)
+        tally.skipped_shards = len(plan) - len(todo)
+        tally.skipped_images = sum(len(r) for n, r in plan if n in done)
+        log = ExtractLog(out_dir)
+        log.write(
+            f"=== run: {record['dataset']} at {record['root']}, engine {job.run.engine}, "
+            f"{len(refs)} images in {len(plan)} shards, "
+            f"{tally.skipped_shards} done before; run config {to_dict(job.run)}"
+        )
+        progress = tqdm(
+            total=sum(len(u.refs) for u in units), unit="img", desc="extract",
+            disable=not show_progress,
+        )
+        sink = ShardSink(out_dir, job, detector, tally, log, progress)
+        try:
+            if job.run.engine == "local":
+                LocalEngine(job, extractor, given_boxes).run(units, sink)
+            else:
+                from pipeline.extract.ray_engine import RayEngine
+
+                RayEngine(job, weights, detector, given_boxes, address).run(units, sink)
+            write_manifest(out_dir)
+            tally.wall_seconds = time.perf_counter() - start
+            log.write(format_summary(tally, out_dir))
+        except BaseException as err:
+            sink.abort()
+            log.write(f"=== stopped by {type(err).__name__}: {err}")
+            raise
+        finally:
+            progress.close()
+            log.close()
+    return tally

@@ -1,0 +1,229 @@
+"""The output directory of `pipeline extract`: what a run writes into it, in which order.
+
+    extract_config.yaml   dataset, root, detector record and the sample-defining config; a run
+                          that would write different samples into the directory is refused
+    extract.log           appended by every run: a header, one line per finished shard and per
+                          failed image, the summary
+    .lock                 flock(2)-held by the run writing the directory
+    {name}.tar            a shard; written as .{name}.tar.tmp and renamed when complete
+    {name}_status.json    every planned image of the shard in order: ok (with its key) or failed
+                          (with the error); written before the rename
+    {name}_stats.json     written last: a shard is complete iff this file exists
+    manifest.json         the shards, counts and checksums
+"""
+
+from __future__ import annotations
+
+import fcntl
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import yaml
+from tqdm import tqdm
+
+from pipeline.common.config import ConfigError, to_dict
+from pipeline.extract.config import ExtractJobConfig
+from pipeline.extract.plan import Unit
+from pipeline.extract.steps import Prepared
+from shards.schema import build_sample
+from shards.writer import ShardWriter, write_json_atomic
+
+CONFIG_NAME = "extract_config.yaml"
+LOG_NAME = "extract.log"
+STATUS_SUFFIX = "_status.json"
+
+
+class OutputLock:
+    """An exclusive lock on the output directory: two runs into one directory are refused."""
+
+    def __init__(self, out_dir: Path):
+        self.path = out_dir / ".lock"
+
+    def __enter__(self) -> OutputLock:
+        self.file = self.path.open("w")
+        try:
+            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as err:
+            self.file.close()
+            raise ConfigError(f"another extraction is writing to {self.path.parent}") from err
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
+
+
+def save_job_config(out_dir: Path, record: dict) -> None:
+    """Write `record` (dataset, root, detector, config); refuse a directory made with another one.
+
+    Everything but `root` must match, so moving the dataset is allowed, changing what the samples
+    hold is not.
+    """
+    path = out_dir / CONFIG_NAME
+    if path.exists():
+        previous = yaml.safe_load(path.read_text())
+        if any(previous.get(key) != record[key] for key in ("dataset", "detector", "config")):
+            raise ConfigError(
+                f"{out_dir} holds shards made with a different config, detector or dataset "
+                f"(see {path}); use a new --out directory (or remove the old shards)"
+            )
+        return
+    path.write_text(yaml.safe_dump(record, sort_keys=False))
+
+
+class ExtractLog:
+    """`extract.log` in the output directory, appended: one timestamped line per event."""
+
+    def __init__(self, out_dir: Path):
+        self.file = (out_dir / LOG_NAME).open("a", encoding="utf-8")
+
+    def write(self, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        for line in text.splitlines():
+            self.file.write(f"{stamp} {line}\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass
+class Tally:
+    """What a run did, for the summary and the benchmark.
+
+    failed: failures counted by reason (the error without the image's location).
+    boxes: boxes per written sample. seconds: summed seconds per stage (decode, preprocess, the
+    Extractor's STAGES, write). timeline: (time.perf_counter(), images) as each unit was written.
+    """
+
+    ok: int = 0
+    failed: Counter = field(default_factory=Counter)
+    boxes: list[int] = field(default_factory=list)
+    seconds: Counter = field(default_factory=Counter)
+    skipped_shards: int = 0
+    skipped_images: int = 0
+    shards_written: int = 0
+    wall_seconds: float = 0.0
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+
+class ShardSink:
+    """Writes units of planned shards, in plan order, into `out_dir`, and tallies them.
+
+    A shard opens at its unit 0 and closes after its last unit: status table, then the tar's
+    rename, then the stats file. A run stopped before that leaves at most `.{name}.tar.tmp`,
+    which the next run overwrites.
+    """
+
+    def __init__(
+        self, out_dir: Path, job: ExtractJobConfig, detector: dict, tally: Tally, log: ExtractLog,
+        progress: tqdm,
+    ):
+        self.out_dir = out_dir
+        self.job = job
+        self.detector = detector
+        self.tally = tally
+        self.log = log
+        self.progress = progress
+        self.params = {
+            "preprocess": to_dict(job.preprocess),
+            "selection": to_dict(job.selection),
+            "save_class_probs": job.save_class_probs,
+        }
+        self.writer: ShardWriter | None = None
+        self.status: list[dict] = []
+
+    def add(self, unit: Unit, items: list[Prepared]) -> None:
+        """Write one unit's samples and failures (items in the unit's order)."""
+        if unit.index == 0:
+            self.writer, self.status = ShardWriter(self.out_dir, unit.shard), []
+        if self.writer is None or self.writer.name != unit.shard:
+            raise RuntimeError(f"unit {unit.index} of shard {unit.shard} arrived out of plan order")
+        start = time.perf_counter()
+        for item in items:
+            self.tally.seconds["decode"] += item.seconds_decode
+            self.tally.seconds["preprocess"] += item.seconds_preprocess
+            entry = {"image_id": item.ref.image_id, "location": item.ref.location}
+            if item.error is None:
+                sample = self._sample(item)
+                self.writer.write(sample)
+                self.tally.ok += 1
+                self.tally.boxes.append(item.features.num_boxes)
+                self.status.append(entry | {"status": "ok", "key": sample.key, "error": None})
+            else:
+                self.writer.add_failure(item.ref.location, item.error)
+                self.tally.failed[item.error.split(": ", 1)[-1]] += 1
+                self.log.write(f"failed {item.error}")
+                self.status.append(entry | {"status": "failed", "key": None, "error": item.error})
+        if unit.last:
+            self._close()
+        self.tally.seconds["write"] += time.perf_counter() - start
+        self.tally.timeline.append((time.perf_counter(), len(items)))
+        self.progress.update(len(items))
+
+    def abort(self) -> None:
+        """Drop the open shard's temporary file (an interrupted run)."""
+        if self.writer is not None:
+            self.writer.abort()
+
+    def _close(self) -> None:
+        name = self.writer.name
+        write_json_atomic(
+            self.out_dir / f"{name}{STATUS_SUFFIX}", {"shard": f"{name}.tar", "images": self.status}
+        )
+        stats = self.writer.close()
+        self.writer = None
+        self.tally.shards_written += 1
+        self.log.write(f"shard {name}: {stats['count']} ok, {stats['failed']} failed")
+
+    def _sample(self, item: Prepared):
+        feats, ref, keep = item.features, item.ref, self.job.output.keep_images
+        return build_sample(
+            dataset=ref.dataset,
+            image_id=ref.image_id,
+            split=ref.split,
+            width=feats.image_width,
+            height=feats.image_height,
+            boxes=feats.boxes_xyxy_abs,
+            object_ids=feats.object_ids,
+            object_conf=feats.object_conf,
+            attr_ids=feats.attr_ids,
+            attr_conf=feats.attr_conf,
+            features=feats.features,
+            cls_probs=feats.cls_probs,
+            box_mode=self.job.selection.mode,
+            preset=self.job.preset,
+            detector=self.detector,
+            params=self.params,
+            image_bytes=item.data if keep else None,
+            image_ext=_image_ext(Path(ref.member or ref.path)) if keep else None,
+        )
+
+
+def _image_ext(path: Path) -> str:
+    ext = path.suffix.lower().lstrip(".")
+    return "jpg" if ext == "jpeg" else ext
+
+
+def format_summary(tally: Tally, out_dir: Path) -> str:
+    """Images ok / failed by reason, boxes per image, throughput and wall time of one run."""
+    lines = [f"shards in {out_dir}"]
+    if tally.skipped_shards:
+        lines.append(
+            f"  resumed: {tally.skipped_shards} finished shard(s) kept "
+            f"({tally.skipped_images} images)"
+        )
+    failed = sum(tally.failed.values())
+    lines.append(f"  images ok: {tally.ok}   failed: {failed}")
+    for reason, count in tally.failed.most_common():
+        lines.append(f"    {count} x {reason}")
+    if tally.boxes:
+        b = np.array(tally.boxes)
+        lines.append(f"  boxes per image: mean {b.mean():.1f}, min {b.min()}, max {b.max()}")
+    wall = tally.wall_seconds
+    rate = (tally.ok + failed) / wall if wall > 0 else 0.0
+    lines.append(f"  wall time {wall:.1f} s, {rate:.2f} images/s")
+    return "\n".join(lines)

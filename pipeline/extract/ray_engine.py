@@ -1,0 +1,198 @@
+"""The Ray engine of `pipeline extract`: Ray Data decode tasks and detector actors.
+
+    units (driver) -> decode_unit: read, decode, resize each image (CPU tasks, `decoders` at a time)
+                   -> UnitDetector: the unit's good images as one batch (actor pool: `actors`
+                      actors with `gpus_per_actor` GPUs each; the detector is loaded once per actor)
+                   -> driver: ShardSink writes each shard in plan order and closes it after its
+                      last unit
+
+A row is one unit (a detector batch cut from the shard plan), so batches never depend on Ray's
+block boundaries or on where an earlier run stopped, and results come back in plan order
+(preserve_order). Rows are {"unit": index into the driver's unit list, "payload": bytes}, the
+payload pickled between our own processes: (refs, given boxes) -> list[Prepared] decoded ->
+(list[Prepared] detected, stage seconds).
+
+Faults: Ray Data's defaults (Ray 2.60) restart a dead actor and retry its tasks (max_restarts =
+max_task_retries = -1) and retry a task whose worker died (max_retries = -1); tests pin that.
+A unit's result is a function of the unit alone, so a retried unit gives the same samples. Only
+the driver writes files. If the driver dies, Ray ends its job's tasks and actors; an embedded Ray
+(whose processes the driver started with kernel fate-sharing) dies with it, and a re-run starts a
+fresh one (address "local" never joins an existing cluster) and skips the completed shards.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from extractor.config import PreprocessConfig
+from pipeline.common.config import ConfigError
+from pipeline.common.ray_session import ray_session
+from pipeline.extract.config import EngineConfig, ExtractJobConfig
+from pipeline.extract.output import ShardSink
+from pipeline.extract.plan import Unit
+from pipeline.extract.steps import detect_batch, prepare
+
+
+@dataclass(frozen=True)
+class RayLayout:
+    """Where the work runs. torch_threads: intra-op threads of a CPU actor (None: Ray's default,
+    one per CPU the actor reserves)."""
+
+    actors: int
+    gpus_per_actor: float
+    decoders: int
+    torch_threads: int | None
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpus_per_actor > 0 else "cpu"
+
+
+def plan_layout(run: EngineConfig, resources: dict[str, float]) -> RayLayout:
+    """The run's actors, GPUs per actor and decoders, defaults filled from the cluster's resources.
+
+    Each actor and each decoder reserves one CPU. A CPU actor runs torch on the cluster's CPUs
+    divided among the actors: the detector is the bottleneck and the decoders interleave with it,
+    as the local engine's decoding threads do.
+    """
+    cpus, gpus = int(resources.get("CPU", 0)), resources.get("GPU", 0.0)
+    if run.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(
+            f"device {run.device!r}: with Ray use auto, cpu or cuda (Ray assigns the GPUs)"
+        )
+    gpus_per_actor = run.gpus_per_actor
+    if gpus_per_actor is None:
+        gpus_per_actor = 1.0 if gpus and run.device != "cpu" else 0.0
+    if run.device == "cpu" and gpus_per_actor > 0:
+        raise ConfigError("device cpu with gpus_per_actor > 0; drop one of them")
+    if run.device == "cuda" and gpus_per_actor == 0:
+        raise ConfigError(f"device cuda, but the Ray cluster has {gpus:g} GPUs for the actors")
+    actors = run.actors or (int(gpus // gpus_per_actor) if gpus_per_actor else 1)
+    if actors < 1 or actors * gpus_per_actor > gpus:
+        raise ConfigError(
+            f"{actors} actor(s) x {gpus_per_actor:g} GPU(s) do not fit the cluster's {gpus:g} GPUs"
+        )
+    decoders = run.decoders or max(1, cpus - actors)
+    if actors + decoders > cpus:
+        raise ConfigError(
+            f"{actors} actor(s) + {decoders} decoder(s) need one CPU each; the cluster has {cpus}"
+        )
+    threads = max(1, cpus // actors) if gpus_per_actor == 0 else None
+    return RayLayout(actors, gpus_per_actor, decoders, threads)
+
+
+def decode_unit(row: dict, preprocess: PreprocessConfig, keep_bytes: bool) -> dict:
+    """Decode stage: a unit's (refs, given boxes) -> its list[Prepared] (bad images as errors)."""
+    refs, given_boxes = pickle.loads(row["payload"])
+    items = [prepare(ref, preprocess, given_boxes, keep_bytes) for ref in refs]
+    if preprocess.resize == "pil":
+        # PIL resizes in uint8, so the pixels are whole numbers 0..255: shipped as uint8 they take
+        # a quarter of the object store, and the Extractor converts them to float32 exactly.
+        for item in items:
+            if item.image is not None:
+                item.image.pixels = item.image.pixels.to(torch.uint8)
+    return {"unit": row["unit"], "payload": pickle.dumps(items, pickle.HIGHEST_PROTOCOL)}
+
+
+class UnitDetector:
+    """Detect stage: loads the detector once, then maps a decoded unit to its detected unit."""
+
+    def __init__(
+        self, job: ExtractJobConfig, weights: str | None, detector: dict, layout: RayLayout
+    ):
+        # Imported here, so the decode workers never load the detector's modules.
+        from pipeline.extract.detector import build_extractor
+
+        if layout.torch_threads:
+            torch.set_num_threads(layout.torch_threads)
+        self.extractor, loaded = build_extractor(job, weights, layout.device)
+        if loaded != detector:
+            raise RuntimeError(f"an actor loaded detector {loaded}, not the run's {detector}")
+
+    def __call__(self, row: dict) -> dict:
+        items = pickle.loads(row["payload"])
+        seconds: Counter = Counter()
+        detect_batch(self.extractor, items, seconds)
+        payload = pickle.dumps((items, dict(seconds)), pickle.HIGHEST_PROTOCOL)
+        return {"unit": row["unit"], "payload": payload}
+
+
+class RayEngine:
+    """Runs units through Ray Data and writes them with the driver's ShardSink."""
+
+    def __init__(
+        self, job: ExtractJobConfig, weights: str | None, detector: dict,
+        given_boxes: dict[str, np.ndarray] | None, address: str | None,
+    ):
+        self.job = job
+        self.weights = str(Path(weights).resolve()) if weights else None
+        self.detector = detector
+        self.given_boxes = given_boxes
+        self.address = address
+
+    def run(self, units: list[Unit], sink: ShardSink) -> None:
+        if not units:
+            return
+        start = time.perf_counter()
+        with ray_session(self.address) as ray:
+            sink.tally.seconds["ray_start"] += time.perf_counter() - start
+            layout = plan_layout(self.job.run, ray.cluster_resources())
+            sink.log.write(f"ray: {layout}, cluster {ray.cluster_resources()}")
+            rows = self._dataset(ray, units, layout).iter_rows()
+            for expected, row in enumerate(rows):
+                if row["unit"] != expected:
+                    raise RuntimeError(f"Ray returned unit {row['unit']} where {expected} was due")
+                items, seconds = pickle.loads(row["payload"])
+                sink.tally.seconds.update(seconds)
+                sink.add(units[expected], items)
+
+    def _dataset(self, ray, units: list[Unit], layout: RayLayout):
+        from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy
+
+        context = DataContext.get_current()
+        context.execution_options.preserve_order = True
+        context.enable_progress_bars = False
+        context.print_on_execution_start = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # ours: tqdm
+        rows = [{"unit": i, "payload": self._unit_payload(unit)} for i, unit in enumerate(units)]
+        preprocess = self.job.preprocess
+        # A decoder holds a worker (Python, torch: about 0.5 GiB), one image of up to max_pixels
+        # (uint8 BGR) and its resized float32 copy. Declaring that memory also keeps Ray Data from
+        # fusing decoding into the actors (it fuses a task stage into the next actor stage when
+        # their pool sizes and resources match), which would run decoding and detection in turn.
+        decode_memory = (
+            2**29 + 3 * preprocess.max_pixels + 12 * preprocess.min_size * preprocess.max_size
+        )
+        return (
+            ray.data.from_items(rows, override_num_blocks=len(rows))
+            .map(
+                decode_unit,
+                fn_kwargs={"preprocess": preprocess, "keep_bytes": self.job.output.keep_images},
+                compute=TaskPoolStrategy(size=layout.decoders),
+                num_cpus=1,
+                memory=decode_memory,
+            )
+            .map(
+                UnitDetector,
+                fn_constructor_args=(self.job, self.weights, self.detector, layout),
+                compute=ActorPoolStrategy(size=layout.actors),
+                num_cpus=1,
+                num_gpus=layout.gpus_per_actor,
+            )
+        )
+
+    def _unit_payload(self, unit: Unit) -> bytes:
+        boxes = None
+        if self.given_boxes is not None:
+            boxes = {r.image_id: self.given_boxes[r.image_id] for r in unit.refs
+                     if r.image_id in self.given_boxes}
+        return pickle.dumps((unit.refs, boxes), pickle.HIGHEST_PROTOCOL)

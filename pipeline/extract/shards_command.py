@@ -1,0 +1,100 @@
+"""`pipeline shards verify | import-tsv | export-tsv`: check shard sets, and move features between
+shards and LXMERT-style TSV files (shards/verify.py, shards/tsv.py do the work)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pipeline.common.arguments import Actions
+from pipeline.common.config import ConfigError, resolve
+
+HELP = "inspect, verify and convert feature shards"
+DESCRIPTION = "Check a shard set, or convert features between shards and LXMERT-style TSV files."
+
+
+@dataclass(frozen=True)
+class ImportConfig:
+    """shard_size: rows per shard. features_dtype: float32 is lossless, float16 halves the size.
+    box_mode / preset: how the TSV was made (LXMERT's files: fixed 36 boxes, the lxmert preset)."""
+
+    shard_size: int = 5000
+    features_dtype: Literal["float32", "float16"] = "float32"
+    box_mode: Literal["adaptive", "fixed", "given"] = "fixed"
+    preset: str = "lxmert"
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """This action has no configurable values; --config/--set are accepted for uniformity."""
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    actions = Actions(parser, "shards_verb")
+    verify = actions.add(
+        "verify", "check schema, checksums, counts, NaN/inf and box bounds",
+        "Check every shard of a shard set; print every problem with its shard and key; exit 1 if "
+        "there is any.",
+    )
+    verify.add_argument("dir", help="shard directory")
+    imp = actions.add(
+        "import-tsv", "convert an LXMERT/bottom-up-attention TSV feature file into shards",
+        "Stream an LXMERT-style TSV (img_id, img_h, img_w, objects_id, objects_conf, attrs_id, "
+        "attrs_conf, num_boxes, boxes, features) into schema-v1 shards.",
+    )
+    imp.add_argument("tsv", help="TSV feature file")
+    imp.add_argument("--out", required=True, help="output shard directory")
+    imp.add_argument("--dataset", required=True, help="dataset name recorded in the keys, e.g. coco")
+    imp.add_argument("--split", default="", help="split recorded in the metadata")
+    exp = actions.add(
+        "export-tsv", "write shards back as an LXMERT-style TSV",
+        "Write every sample of a shard set as one LXMERT-style TSV row.",
+    )
+    exp.add_argument("dir", help="shard directory")
+    exp.add_argument("--out", required=True, help="output TSV file")
+
+
+def run(args: argparse.Namespace) -> int:
+    return {"verify": _verify, "import-tsv": _import, "export-tsv": _export}[args.shards_verb](args)
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from shards.verify import verify_shards
+
+    resolve(NoOptions(), args.config, args.sets)
+    if not Path(args.dir).is_dir():
+        raise ConfigError(f"{args.dir} is not a directory")
+    problems = verify_shards(args.dir)
+    for problem in problems:
+        print(problem)
+    print(f"{args.dir}: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from shards.tsv import import_tsv
+
+    cfg = resolve(ImportConfig(), args.config, args.sets)
+    if not Path(args.tsv).is_file():
+        raise ConfigError(f"TSV file {args.tsv} does not exist")
+    result = import_tsv(
+        args.tsv, args.out, dataset=args.dataset, split=args.split,
+        shard_size=cfg.shard_size, features_dtype=cfg.features_dtype,
+        box_mode=cfg.box_mode, preset=cfg.preset,
+    )
+    print(
+        f"{args.tsv} -> {args.out}: {result.rows} rows, {result.written} samples written, "
+        f"{result.failed} failed, {result.skipped} already done, {len(result.shards)} shard(s)"
+    )
+    return 1 if result.failed else 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from shards.tsv import export_tsv
+
+    resolve(NoOptions(), args.config, args.sets)
+    count = export_tsv(args.dir, args.out)
+    print(f"{args.dir} -> {args.out}: {count} rows")
+    return 0

@@ -1,0 +1,105 @@
+"""What both extraction engines do to one batch of images, wherever they run it.
+
+`prepare` reads, decodes and resizes one image; a bad image becomes an error, never an exception.
+`detect_batch` runs a batch's good images through the Extractor as one call. Both engines cut
+the same batches (see `pipeline.extract.plan.plan_units`) and call these same functions, so they
+write the same samples: the in-process engine from threads and one Extractor, the Ray engine from
+decode tasks and detector actors. Bit for bit, given the same torch thread count for the detector
+(on one machine, both engines' default): torch's CPU kernels round differently when work is split
+across another number of threads. The same holds for preprocess.resize "torch" (the hf-demo
+preset), which Ray decode tasks run on one thread and the in-process engine's decoding threads on
+torch's default; there the engines agree to ~1e-4.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from extractor.config import PreprocessConfig
+from extractor.preprocess import ImageError, PreparedImage, decode_image, resize_image
+from pipeline.datasets import ImageRef
+
+if TYPE_CHECKING:  # a decode worker never loads the detector (torchvision: ~10 s of CPU to import)
+    from extractor.extractor import Extractor
+    from extractor.features import RegionFeatures
+
+
+@dataclass
+class Prepared:
+    """One image on its way to a shard: decoded (`image`), then detected (`features`), or failed.
+
+    data: the file's bytes, kept only when the shard stores the original image.
+    boxes: in box mode "given", the (K, 4) float32 x1 y1 x2 y2 boxes in original pixels.
+    error: why the image produced no sample; the message starts with the image's location.
+    seconds_decode / seconds_preprocess: read + decode and resize times of this image, seconds.
+    """
+
+    ref: ImageRef
+    image: PreparedImage | None = None
+    data: bytes | None = None
+    boxes: np.ndarray | None = None
+    features: RegionFeatures | None = None
+    error: str | None = None
+    seconds_decode: float = 0.0
+    seconds_preprocess: float = 0.0
+
+
+def prepare(
+    ref: ImageRef,
+    preprocess: PreprocessConfig,
+    given_boxes: dict[str, np.ndarray] | None = None,
+    keep_bytes: bool = False,
+) -> Prepared:
+    """Read, decode and resize one image; never raises for a bad image.
+
+    given_boxes: in box mode "given", {image_id: boxes} covering at least this image; an image
+    that decodes but has no entry fails with "no boxes given".
+    """
+    start = time.perf_counter()
+    try:
+        data = ref.read_bytes()
+        pixels = decode_image(data, ref.location, preprocess)
+    except (ImageError, OSError) as err:
+        return Prepared(ref, error=str(err))
+    decoded = time.perf_counter()
+    boxes = None
+    if given_boxes is not None:
+        boxes = given_boxes.get(ref.image_id)
+        if boxes is None:
+            error = f"{ref.location}: no boxes given for image id {ref.image_id!r}"
+            return Prepared(ref, error=error)
+    image = resize_image(pixels, preprocess)
+    return Prepared(
+        ref, image, data if keep_bytes else None, boxes,
+        seconds_decode=decoded - start, seconds_preprocess=time.perf_counter() - decoded,
+    )
+
+
+def detect_batch(extractor: Extractor, items: list[Prepared], seconds: Counter) -> None:
+    """Detect the batch's good images in one Extractor call, in place.
+
+    Each good item gets `features` and loses its `image` (the pixels are no longer needed); if the
+    batch raises, its images are retried one by one so only the image that breaks it gets an
+    `error`. Adds the Extractor's stage times (seconds) to `seconds`.
+    """
+    good = [item for item in items if item.error is None]
+    if not good:
+        return
+    given = [item.boxes for item in good] if extractor.cfg.selection.mode == "given" else None
+    try:
+        results = extractor([item.image for item in good], given_boxes=given)
+    except (RuntimeError, ValueError) as err:
+        if len(good) == 1:
+            good[0].error = f"{good[0].ref.location}: detection failed: {err}"
+            return
+        for item in good:
+            detect_batch(extractor, [item], seconds)
+        return
+    seconds.update(extractor.last_timings)
+    for item, feats in zip(good, results):
+        item.features, item.image = feats, None

@@ -1,0 +1,55 @@
+"""`pipeline finetune`: VQA v2, GQA or NLVR2 fine-tuned from a checkpoint (or from scratch)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.common.config import ConfigError
+from pipeline.finetune.examples import TASKS
+from pipeline.train.arguments import add_training_args, final_line, run_config_path, run_sets
+
+HELP = "fine-tune on VQA, GQA or NLVR2 from a checkpoint (or from scratch)"
+DESCRIPTION = """\
+Fine-tune on VQA v2, GQA or NLVR2 from the released files, starting from a checkpoint (--from:
+ours, e.g. RUN/checkpoints/step_N/model of `pipeline pretrain`; a Hugging Face directory; or an
+official LXMERT *_LXRT.pth) or from scratch. Defaults are LXMERT's: batch 32, 4 epochs, 10%
+warmup, lr 5e-5 (VQA, NLVR2) / 1e-5 (GQA), BCE on soft scores for VQA and GQA. From an LXMERT
+pretraining checkpoint with a QA head, `--set init_answers=CORPUS` (or all_ans.json) starts the
+answer head from the pretrained rows. The same trainer as pretraining: --workers N on Ray Train,
+--resume, metrics.jsonl, checkpoints/. The run directory also receives answers.json (VQA, GQA).
+
+Examples:
+  pipeline finetune vqa --from runs/lxmert/checkpoints/step_00002000/model --out runs/vqa \\
+      --set data.root=DATA/vqa --set data.train=[train2014] --set data.val=val2014 \\
+      --set data.holdout=CORPUS --set data.shards=[feats/coco]
+  pipeline finetune nlvr2 --from model_LXRT.pth --out runs/nlvr2 --set data.root=DATA/nlvr2 \\
+      --set data.train=[train] --set data.val=dev --set data.shards=[feats/nlvr2]
+"""
+
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("task", choices=TASKS)
+    parser.add_argument("--from", dest="init", metavar="CKPT",
+                        help="checkpoint the encoder starts from (default: the config's init; "
+                        "none = from scratch)")
+    add_training_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.finetune.config import load_config
+    from pipeline.finetune.job import finetune_job
+    from pipeline.train.launch import run_training
+
+    sets = run_sets(args)
+    if args.init is not None:
+        sets.append(f"init={args.init}")
+    config = load_config(args.task, run_config_path(args, "finetune"), sets)
+    if not config.data.root or not config.data.shards:
+        raise ConfigError("set data.root (the task's released files) and data.shards")
+    out = Path(args.out)
+    final = run_training(finetune_job, config, out, resume=args.resume, address=args.address)
+    print(final_line(final))
+    print(f"run directory: {out}; submission files: pipeline predict {args.task} --run {out} ...")
+    return 0

@@ -1,0 +1,48 @@
+"""`pipeline pretrain`: a cross-modal transformer pretrained on feature shards + a corpus."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipeline.common.config import ConfigError
+from pipeline.train.arguments import add_training_args, final_line, run_config_path, run_sets
+
+HELP = "pretrain LXMERT / VisualBERT / VL-BERT / ViLBERT on shards + corpus"
+DESCRIPTION = """\
+Pretrain a cross-modal transformer on feature shards joined with a corpus
+(`pipeline corpus build`). The config names the architecture (lxmert, visualbert, vlbert,
+vilbert), its model and objective settings, the data, the optimizer and the run; shipped:
+configs/pretrain/<arch>.yaml (paper scale) and <arch>_tiny.yaml (a laptop).
+
+The run directory (--out) receives config.yaml (resolved), metrics.jsonl (one JSON line per
+logged step and per validation), tensorboard/, checkpoints/step_N/ (full state, and model/ in our
+checkpoint format: `pipeline convert DIR/checkpoints/step_N/model --to hf`) and loss_curves.png.
+`--resume` continues from the latest checkpoint: the following steps repeat exactly what an
+uninterrupted run with the same seed would have done.
+
+Examples:
+  pipeline pretrain --config configs/pretrain/lxmert_tiny.yaml --out runs/lxmert \\
+      --set data.corpus=corpus --set data.shards=[feats/coco,feats/vg]
+  pipeline pretrain --config configs/pretrain/lxmert_tiny.yaml --out runs/lxmert --resume
+  pipeline pretrain --config configs/pretrain/lxmert.yaml --workers 8 --set run.device=cuda ...
+"""
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    add_training_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.pretrain.config import load_config
+    from pipeline.pretrain.job import pretrain_job
+    from pipeline.train.launch import run_training
+
+    config = load_config(run_config_path(args, "pretrain"), run_sets(args))
+    if not config.data.corpus or not config.data.shards:
+        raise ConfigError("set data.corpus (a `pipeline corpus build` directory) and data.shards")
+    out = Path(args.out)
+    final = run_training(pretrain_job, config, out, resume=args.resume, address=args.address)
+    print(final_line(final))
+    print(f"run directory: {out} (metrics.jsonl, loss_curves.png, checkpoints/)")
+    return 0

@@ -1,0 +1,12 @@
+"""The trainer shared by pretraining and fine-tuning: a plain loop that Ray Train runs on N workers.
+
+config.py       OptimConfig, RunConfig: the optimiser and run sections of every training config
+batch.py        TrainBatch and the Objective protocol (rows -> batch -> named losses)
+job.py          Job: what the loop trains (model, objective, streams, export), built per worker
+loop.py         Trainer and train_loop: steps, DDP, validation, exact resume, logs, checkpoints
+launch.py       run_training: in this process, or on Ray Train workers
+checkpoint.py   run-directory checkpoints (state + the model in our checkpoint format)
+logs.py         metrics.jsonl and TensorBoard
+plot.py         `pipeline plot`: loss curves as a PNG
+convert.py      `pipeline convert`: checkpoints between our, Hugging Face and official formats
+"""

@@ -1,0 +1,62 @@
+"""The command-line arguments of the training verbs (`pipeline pretrain`, `pipeline finetune`)
+and which config a run starts from."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeline.common.arguments import add_config_args
+from pipeline.common.config import ConfigError
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    """--out, --resume, --workers, --address, then --config and --set."""
+    parser.add_argument("--out", required=True, help="run directory")
+    parser.add_argument(
+        "--resume", action="store_true",
+        help="continue the run in --out from its latest checkpoint (its config.yaml is used; "
+        "--set still applies, e.g. run.epochs=30 to train longer)",
+    )
+    parser.add_argument(
+        "--workers", type=int,
+        help="Ray Train workers (default: the config's run.workers; 0 runs in this process "
+        "without Ray)",
+    )
+    parser.add_argument(
+        "--address", help="join this Ray cluster (default: start a local Ray for the run)"
+    )
+    add_config_args(parser)
+
+
+def run_config_path(args: argparse.Namespace, verb: str) -> str | Path | None:
+    """The YAML a run starts from: the run's own config.yaml with --resume, else --config; a run
+    directory that holds a run already needs --resume."""
+    out, saved = Path(args.out), Path(args.out) / "config.yaml"
+    if not args.resume:
+        if saved.exists():
+            raise ConfigError(
+                f"{out} already holds a run; pass --resume to continue it or choose another --out"
+            )
+        return args.config
+    if not saved.is_file():
+        raise ConfigError(f"--resume: {saved} does not exist (nothing to resume in {out})")
+    if args.config:
+        print(f"pipeline {verb}: --resume uses {saved}; ignoring --config {args.config}",
+              file=sys.stderr)
+    return saved
+
+
+def run_sets(args: argparse.Namespace) -> list[str]:
+    """--set overrides, then the flags that are config values (--workers)."""
+    sets = list(args.sets)
+    if args.workers is not None:
+        sets.append(f"run.workers={args.workers}")
+    return sets
+
+
+def final_line(final: dict) -> str:
+    """The last validation record of a run, for the terminal."""
+    shown = {k: round(v, 4) for k, v in final.items() if isinstance(v, float)}
+    return f"final validation (step {final.get('step')}): {shown}"

@@ -1,0 +1,80 @@
+"""The trainer's own sections of a pretraining or fine-tuning config: the optimiser and the run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from model.archs import ARCH_NAMES
+from pipeline.common.config import ConfigError
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with BERT's schedule: linear warmup over `warmup_fraction` of the steps (or over
+    `warmup_steps` when > 0, as VL-BERT gives it), then linear decay to 0. No weight decay on
+    biases and LayerNorm weights. grad_clip: max global L2 norm (0: none). accumulation:
+    micro-batches per optimizer step."""
+
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-6
+    warmup_fraction: float = 0.05
+    warmup_steps: int = 0
+    grad_clip: float = 1.0
+    accumulation: int = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How long and where.
+
+    epochs: passes over the training pairs; max_steps > 0 stops earlier. seed: fixes the data
+    order, every mask and dropout (with the same seed a resumed run repeats the uninterrupted one).
+    log_every: optimizer steps between metrics.jsonl lines. val_every: steps between validations
+    (0: at each epoch's end); one more at the end. checkpoint_every: steps between checkpoints
+    (one more at the end); keep_checkpoints: how many are kept. workers: Ray Train workers (0: run
+    in this process, without Ray). device: auto = CUDA when there is one. bf16: autocast on CUDA.
+    threads_per_worker: torch CPU threads of each worker (0: the cores divided by the workers).
+    init_text: a BERT checkpoint directory whose weights start the text stream (empty: random).
+    """
+
+    epochs: int = 20
+    max_steps: int = 0
+    seed: int = 0
+    log_every: int = 10
+    val_every: int = 0
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2
+    workers: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    bf16: bool = True
+    threads_per_worker: int = 0
+    init_text: str = ""
+
+
+def check_schedule(batch_size: int, optim: OptimConfig, run: RunConfig) -> None:
+    """A batch that splits evenly over workers and accumulation steps, and a run that trains."""
+    per_step = max(run.workers, 1) * optim.accumulation
+    if optim.accumulation < 1:
+        raise ConfigError(f"optim.accumulation must be >= 1, got {optim.accumulation}")
+    if batch_size < per_step or batch_size % per_step:
+        raise ConfigError(
+            f"data.batch_size {batch_size} must be a multiple of run.workers x "
+            f"optim.accumulation = {per_step} (each worker's micro-batch is the quotient)"
+        )
+    if run.epochs < 1 and run.max_steps < 1:
+        raise ConfigError("set run.epochs >= 1 or run.max_steps >= 1")
+
+
+def check_arch(arch: str) -> str:
+    """`arch` if it names an architecture of model/archs.py; ConfigError otherwise."""
+    if arch not in ARCH_NAMES:
+        raise ConfigError(f"arch must be one of {list(ARCH_NAMES)}, got {arch!r}")
+    return arch
+
+
+def micro_batch(batch_size: int, optim: OptimConfig, run: RunConfig) -> int:
+    """Rows per worker per forward: the step's batch split over the workers and accumulation."""
+    return batch_size // (max(run.workers, 1) * optim.accumulation)

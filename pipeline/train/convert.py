@@ -1,0 +1,96 @@
+"""`pipeline convert`: move a model checkpoint between our format, Hugging Face's and the official
+LXMERT one (model/checkpoints does the work; this is the command line around it)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ARCHS = ("lxmert", "visualbert", "vlbert", "vilbert")
+FORMATS = ("ours", "hf", "official")
+
+HELP = "convert a model checkpoint between our, Hugging Face and official LXMERT formats"
+DESCRIPTION = """\
+Convert a model checkpoint from any of three formats into another, strictly: a tensor missing,
+unexpected or of the wrong shape is an error that names it.
+
+Formats (SRC's is detected; --to chooses DST's):
+  ours      a directory: config.json ({"arch", "model", "config": our config}) + model.safetensors;
+            all four architectures (lxmert, visualbert, vlbert, vilbert)
+  hf        a Hugging Face directory: config.json + model.safetensors (or pytorch_model.bin);
+            lxmert (LxmertForPreTraining, or LxmertModel for an encoder alone) and visualbert
+            (VisualBertModel); written so that transformers' from_pretrained loads it
+  official  the LXMERT repository's torch.save of its state dict (*_LXRT.pth, `module.` prefix):
+            the pretraining model or the encoder alone; lxmert only. Read with
+            torch.load(weights_only=True): tensors only, never pickled code.
+
+Examples:
+  pipeline convert model_LXRT.pth --to hf --out lxmert-hf
+  pipeline convert lxmert-hf --to ours --out lxmert-ours
+  pipeline convert lxmert-ours --to official --out again_LXRT.pth
+"""
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "src", metavar="SRC", help="checkpoint: a directory (ours, hf) or a .pth file"
+    )
+    parser.add_argument("--to", required=True, choices=FORMATS, help="format to write")
+    parser.add_argument(
+        "--out",
+        required=True,
+        metavar="DST",
+        help="directory (ours, hf) or file (official) to write; must not exist yet",
+    )
+    parser.add_argument(
+        "--arch",
+        choices=ARCHS,
+        help="the architecture SRC must hold (default: whatever is detected)",
+    )
+    parser.add_argument(
+        "--drop-heads",
+        action="store_true",
+        help="keep the backbone only (a Hugging Face task model's, or LXMERT's encoder)",
+    )
+    parser.add_argument(
+        "--num-heads",
+        type=int,
+        metavar="N",
+        help="attention heads of an official LXMERT file, which does not record them "
+        "(default: hidden size / 64, i.e. 12 for LXMERT)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from model.checkpoints import (
+        CheckpointError,
+        load_checkpoint,
+        save_hf,
+        save_official,
+        save_ours,
+    )
+
+    out = Path(args.out)
+    if out.exists():
+        print(f"pipeline convert: {out} exists; remove it or choose another --out", file=sys.stderr)
+        return 2
+    writers = {"ours": save_ours, "hf": save_hf, "official": save_official}
+    try:
+        checkpoint = load_checkpoint(
+            args.src, args.arch, drop_heads=args.drop_heads, num_heads=args.num_heads
+        )
+        writers[args.to](out, checkpoint.arch, checkpoint.config, checkpoint.state_dict)
+    except CheckpointError as err:
+        print(f"pipeline convert: {err}", file=sys.stderr)
+        return 2
+    report = checkpoint.report
+    heads = ", ".join(report.heads) or "none"
+    print(
+        f"converted {report.source} -> {out}\n"
+        f"  arch {report.arch}, format {report.format} -> {args.to}, model {report.model}, "
+        f"{report.tensors} tensors, heads: {heads}"
+    )
+    for note in report.notes:
+        print(f"  note: {note}")
+    return 0

@@ -1,0 +1,66 @@
+"""Run the training loop: in this process (`run.workers: 0`), or on N Ray Train workers.
+
+Ray Train's TorchTrainer starts the workers, sets up torch.distributed (NCCL on GPUs, gloo on
+CPUs) and calls `train_loop` on each; the loop wraps the model in DistributedDataParallel itself
+and every rank reads its own share of the shards. Without `--address` an embedded local Ray is
+started for the run and shut down after it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.common.config import to_dict
+from pipeline.train.job import Job
+from pipeline.train.logs import read_metrics
+from pipeline.train.loop import train_loop
+
+
+def run_training(
+    build: Callable[[dict, int, int], Job], config: Any, run_dir: Path, *,
+    resume: bool = False, address: str | None = None,
+) -> dict:
+    """Train the Job that `build(to_dict(config), rank, world)` makes on each worker (a module-level
+    function, so Ray can send it by name); returns the final validation record of the run's
+    metrics.jsonl. `config` has the trainer's sections `run` and `optim`."""
+    run_dir = Path(run_dir).resolve()
+    loop_config = {
+        "build": build, "config": to_dict(config), "run_dir": str(run_dir), "resume": resume,
+    }
+    if config.run.workers == 0:
+        train_loop(loop_config)
+    else:
+        _fit_with_ray(config, loop_config, run_dir, address)
+    val = [r for r in read_metrics(run_dir) if r.get("split") == "val"]
+    return val[-1] if val else {}
+
+
+def _fit_with_ray(
+    config: Any, loop_config: dict, run_dir: Path, address: str | None
+) -> None:
+    from pipeline.common.ray_session import ray_session
+
+    run = config.run
+    use_gpu = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
+    cpus = run.threads_per_worker or max(1, (os.cpu_count() or 1) // run.workers)
+    # Ray Train would also log each print of a worker, so every message would show twice.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    with ray_session(address, log_to_driver=True):
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        trainer = TorchTrainer(
+            train_loop,
+            train_loop_config=loop_config,
+            scaling_config=ScalingConfig(
+                num_workers=run.workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus}
+            ),
+            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+            run_config=RunConfig(name="ray", storage_path=str(run_dir)),
+        )
+        trainer.fit()
