@@ -17,7 +17,8 @@ The contract every architecture follows (model/lxmert.py, visualbert.py, vlbert.
   to attend to gets a uniform row, not NaN;
 - state_dict key names are our public API; other checkpoint formats (official LXMERT, Hugging
   Face, BERT for the text stream) are mapped by explicit tables in model/checkpoints/.
-Heads shared by the architectures live in model/heads.py; pretraining models: LxmertForPreTraining
+model/archs.py is the one table of the four by name (config, encoder, pretraining model, what a
+checkpoint holds). Heads shared by the architectures live in model/heads.py; pretraining models: LxmertForPreTraining
 in lxmert.py, the others in `<arch>_pretraining.py`; task models (QA, NLVR2 pair, multiple
 choice, region score, retrieval) for any encoder in tasks.py.
 """

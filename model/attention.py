@@ -40,8 +40,8 @@ def attend(
     -inf gives NaN). The transformers LXMERT and VisualBERT add the same values. That row's
     gradient is finite but backend-dependent: the explicit path and SDPA's math backend (CPU with
     dropout) backpropagate the uniform softmax, CPU's fused SDPA kernel (no dropout) gives Lk
-    times that, its log-sum-exp having lost log(Lk) against the mask value. Kept so, as LXMERT's
-    numerics must stay bit for bit what they were.
+    times that, its log-sum-exp having lost log(Lk) against the mask value. Kept so: these are the
+    numerics the pinned runs (the demo's table among them) were measured with.
     """
 
     def heads(x: torch.Tensor) -> torch.Tensor:  # (B, L, W) -> (B, num_heads, L, d)

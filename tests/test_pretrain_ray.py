@@ -40,16 +40,19 @@ def test_two_workers_killed_and_resumed(pretrain_world, tmp_path):
     losses = [v["loss"] for _, v in sorted(train_losses(whole).items())]
     assert sum(losses[-10:]) < 0.95 * sum(losses[:10])  # 30 steps, the first in warmup
 
+    # Started from the world's folder with relative data paths: the workers, which start
+    # elsewhere, read them from the command's working directory.
     broken = tmp_path / "broken"
-    shards = ",".join(str(s) for s in pretrain_world.shards)
+    root = pretrain_world.corpus.parent
+    shards = ",".join(str(s.relative_to(root)) for s in pretrain_world.shards)
     command = [sys.executable, "-m", "pipeline.cli", "pretrain", "--config",
                str(CONFIGS / "lxmert_tiny.yaml"), "--out", str(broken),
-               "--set", f"data.corpus={pretrain_world.corpus}", "--set", f"data.shards=[{shards}]",
-               "--set", "data.shuffle_buffer=200"]
+               "--set", f"data.corpus={pretrain_world.corpus.name}",
+               "--set", f"data.shards=[{shards}]", "--set", "data.shuffle_buffer=200"]
     for item in SETS:
         command += ["--set", item]
     process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL, cwd=root)
     try:
         wait_for_step(broken, 13, process, timeout=600)
     finally:

@@ -3,7 +3,8 @@
 Ray Train's TorchTrainer starts the workers, sets up torch.distributed (NCCL on GPUs, gloo on
 CPUs) and calls `train_loop` on each; the loop wraps the model in DistributedDataParallel itself
 and every rank reads its own share of the shards. Without `--address` an embedded local Ray is
-started for the run and shut down after it.
+started for the run and shut down after it. Workers start elsewhere than the command: they move
+to its working directory, so that relative paths in the config mean what they mean here.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def run_training(
     if config.run.workers == 0:
         train_loop(loop_config)
     else:
-        _fit_with_ray(config, loop_config, run_dir, address)
+        _fit_with_ray(config, {**loop_config, "cwd": os.getcwd()}, run_dir, address)
     val = [r for r in read_metrics(run_dir) if r.get("split") == "val"]
     return val[-1] if val else {}
 

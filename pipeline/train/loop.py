@@ -12,6 +12,7 @@ and scheduler state and the data position; a resumed run repeats the uninterrupt
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -374,11 +375,20 @@ def _accuracies(summed: dict[str, float]) -> dict[str, float]:
 def train_loop(loop_config: dict) -> dict[str, float]:
     """What each worker runs: {"build": a function (config values, rank, world) -> Job, e.g.
     pipeline.pretrain.job.pretrain_job, "config": to_dict(config), "run_dir": str,
-    "resume": bool}.
+    "resume": bool, and under Ray "cwd": the launching command's working directory}.
 
     Ray Train calls it on every worker after setting up the process group; without Ray it runs
     as is in one process.
     """
+    cwd = loop_config.get("cwd")
+    if cwd is not None:
+        if not Path(cwd).is_dir():
+            raise FileNotFoundError(
+                f"this worker's node has no {cwd}, the directory the run was started from: "
+                "relative paths in the config need it (or give absolute paths on a shared "
+                "filesystem)"
+            )
+        os.chdir(cwd)
     rank, world = _rank_world()
     # The thread count is process-wide: a run inside a longer process (a test session, a
     # notebook) hands the caller's setting back when it ends.
