@@ -1,6 +1,7 @@
 """What every stage uses: configuration, devices, the Ray session, the text side, bundled assets.
 
-config.py       frozen dataclasses <- YAML + `--set`; ConfigError; the --config / --set arguments
+config.py       frozen dataclasses <- YAML + `--set`; ConfigError
+arguments.py    the --config / --set arguments every verb takes, a verb's actions
 devices.py      "auto" / "cpu" / "cuda[:N]" -> a torch device; torch CPU threads per worker
 ray_session.py  join a Ray cluster or start a local one for a run (imported only when Ray is used)
 text.py         the BERT WordPiece tokenizer and (B, T) id tensors
