@@ -13,6 +13,7 @@ import sys
 from types import ModuleType
 
 from pipeline.bench import command as bench
+from pipeline.common.arguments import formatter_for
 from pipeline.common.config import ConfigError
 from pipeline.corpus import command as corpus
 from pipeline.datasets import DatasetError
@@ -87,13 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name, module in VERBS.items():
-        # A description written in paragraphs keeps its lines; a one-paragraph one is wrapped.
-        laid_out = "\n" in module.DESCRIPTION.strip()
-        verb = verbs.add_parser(
-            name, help=module.HELP, description=module.DESCRIPTION,
-            formatter_class=argparse.RawDescriptionHelpFormatter if laid_out
-            else argparse.HelpFormatter,
-        )
+        verb = verbs.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
+                                formatter_class=formatter_for(module.DESCRIPTION))
         module.add_args(verb)
     return parser
 

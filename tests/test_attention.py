@@ -87,12 +87,14 @@ def test_key_padding_matches_reference(need_weights):
 def test_no_mask_and_broadcast_mask_match_reference(need_weights):
     q, k, v = _qkv(1)
     out, _ = attend(q, k, v, None, num_heads=HEADS, need_weights=need_weights)
+    assert out.shape == (B, LQ, W)
     _close(out, reference(q, k, v, None)[0])
     # a per-query mask (B, 1, Lq, Lk), broadcast over heads: query i sees keys 0..i only
     causal = torch.ones(LQ, LK, dtype=torch.bool).tril()
     keep = causal.expand(B, 1, LQ, LK)
-    out, _ = attend(q, k, v, keep, num_heads=HEADS, need_weights=need_weights)
-    _close(out, reference(q, k, v, causal.expand(B, LQ, LK))[0])
+    masked, _ = attend(q, k, v, keep, num_heads=HEADS, need_weights=need_weights)
+    assert not torch.allclose(masked, out)  # the mask changes what the queries see
+    _close(masked, reference(q, k, v, causal.expand(B, LQ, LK))[0])
 
 
 @pytest.mark.parametrize("need_weights", [False, True])

@@ -41,10 +41,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "decoders via --set run.actors=N ...) and report its overhead"
     )
     # pretrain takes --config and --set of its own (a pretraining config, defaulted)
-    bench_pretrain = actions.add("pretrain", "pretraining samples/s and its scaling from 1 to N "
-                                 "workers", pretrain.__doc__, config=False)
-    bench_pretrain.formatter_class = argparse.RawDescriptionHelpFormatter
-    pretrain.add_args(bench_pretrain)
+    pretrain.add_args(actions.add("pretrain", "pretraining samples/s and its scaling from 1 to N "
+                                  "workers", pretrain.__doc__, config=False))
     model.add_args(actions.add("model", "training samples/s of our model against transformers' "
                                "(same weights and work)", MODEL_DESCRIPTION, config=False))
 

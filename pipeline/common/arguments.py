@@ -6,6 +6,13 @@ from __future__ import annotations
 import argparse
 
 
+def formatter_for(description: str) -> type[argparse.HelpFormatter]:
+    """A description written in paragraphs keeps its lines; a one-paragraph one is wrapped."""
+    if "\n" in description.strip():
+        return argparse.RawDescriptionHelpFormatter
+    return argparse.HelpFormatter
+
+
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """A verb's `--config FILE` and repeatable `--set key=value` (into args.config, args.sets)."""
     group = parser.add_argument_group("configuration")
@@ -32,7 +39,8 @@ class Actions:
             config: bool = True) -> argparse.ArgumentParser:
         """The parser of action `name`, taking --config and --set unless `config` is false (its
         "configuration" group lists after the action's own options whenever they are added)."""
-        parser = self.actions.add_parser(name, help=help, description=description)
+        parser = self.actions.add_parser(name, help=help, description=description,
+                                         formatter_class=formatter_for(description))
         if config:
             add_config_args(parser)
         return parser

@@ -33,6 +33,7 @@ from extractor.training import (
     unfreeze_batchnorm,
 )
 from pipeline.common.config import ConfigError
+from pipeline.world.scene import COLORS
 
 # The world's objects are 20-94 px in 180-340 px images, and the ground the whole image: images
 # upscaled to a 384 px short side (about 1.1-2.1x; at 256 px, colour accuracy was 0.44 and mAP
@@ -53,8 +54,6 @@ WORLD_DETECTOR = DetectorConfig(
 )
 WORLD_PREPROCESS = PreprocessConfig(min_size=384, max_size=768)
 WORLD_LOSSES = DetectorLossConfig(rois_per_image=32, roi_positive_fraction=0.5)
-# Visual Genome attribute names, the palette of the generated world (pipeline/world/scene.py).
-WORLD_COLORS = ("red", "blue", "green", "yellow", "purple", "orange", "pink", "white", "brown", "gray")
 EVAL_SELECTION = SelectionConfig(
     mode="adaptive",
     min_boxes=0,
@@ -99,7 +98,7 @@ class DetectorTrainConfig:
     log_every: int = 50
     seed: int = 0
     device: str = "auto"
-    scored_attributes: tuple[str, ...] = WORLD_COLORS
+    scored_attributes: tuple[str, ...] = COLORS
 
 
 @dataclass
@@ -132,7 +131,7 @@ def _image_path(vg_dir: Path, entry: dict) -> Path:
 
 
 def load_visual_genome(
-    data: Path, scored_attributes: tuple[str, ...] = WORLD_COLORS
+    data: Path, scored_attributes: tuple[str, ...] = COLORS
 ) -> tuple[list[AnnotatedImage], list[AnnotatedImage]]:
     """(train, held-out) images of a Visual Genome-format root; held out = coco_id in val2014.
     An object's `colors` entry is its first attribute among `scored_attributes` (-1: none)."""

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from pipeline.common.config import ConfigError
 from pipeline.finetune.examples import TASKS
-from pipeline.train.arguments import add_training_args, final_line, run_config_path, run_sets
+from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
 
 HELP = "fine-tune on VQA, GQA or NLVR2 from a checkpoint (or from scratch)"
 DESCRIPTION = """\
@@ -40,7 +39,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.finetune.config import load_config
     from pipeline.finetune.job import finetune_job
-    from pipeline.train.launch import run_training
 
     sets = run_sets(args)
     if args.init is not None:
@@ -48,8 +46,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.task, run_config_path(args, "finetune"), sets)
     if not config.data.root or not config.data.shards:
         raise ConfigError("set data.root (the task's released files) and data.shards")
-    out = Path(args.out)
-    final = run_training(finetune_job, config, out, resume=args.resume, address=args.address)
-    print(final_line(final))
+    train(finetune_job, config, args)
+    out = args.out
     print(f"run directory: {out}; submission files: pipeline predict {args.task} --run {out} ...")
     return 0

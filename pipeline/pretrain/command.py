@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from pipeline.common.config import ConfigError
-from pipeline.train.arguments import add_training_args, final_line, run_config_path, run_sets
+from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
 
 HELP = "pretrain LXMERT / VisualBERT / VL-BERT / ViLBERT on shards + corpus"
 DESCRIPTION = """\
@@ -36,13 +35,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.pretrain.config import load_config
     from pipeline.pretrain.job import pretrain_job
-    from pipeline.train.launch import run_training
 
     config = load_config(run_config_path(args, "pretrain"), run_sets(args))
     if not config.data.corpus or not config.data.shards:
         raise ConfigError("set data.corpus (a `pipeline corpus build` directory) and data.shards")
-    out = Path(args.out)
-    final = run_training(pretrain_job, config, out, resume=args.resume, address=args.address)
-    print(final_line(final))
-    print(f"run directory: {out} (metrics.jsonl, loss_curves.png, checkpoints/)")
+    train(pretrain_job, config, args)
+    print(f"run directory: {args.out} (metrics.jsonl, loss_curves.png, checkpoints/)")
     return 0

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pipeline.common.arguments import add_config_args
+
+if TYPE_CHECKING:  # the verbs' parsers are built without torch
+    from pipeline.train.job import Job
 from pipeline.common.config import ConfigError
 
 
@@ -56,7 +61,11 @@ def run_sets(args: argparse.Namespace) -> list[str]:
     return sets
 
 
-def final_line(final: dict) -> str:
-    """The last validation record of a run, for the terminal."""
+def train(build: Callable[[dict, int, int], Job], config: Any, args: argparse.Namespace) -> None:
+    """Train `config` into --out (resumed with --resume, on --address's cluster) and print the
+    final validation record."""
+    from pipeline.train.launch import run_training
+
+    final = run_training(build, config, Path(args.out), resume=args.resume, address=args.address)
     shown = {k: round(v, 4) for k, v in final.items() if isinstance(v, float)}
-    return f"final validation (step {final.get('step')}): {shown}"
+    print(f"final validation (step {final.get('step')}): {shown}")
