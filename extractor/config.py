@@ -16,7 +16,9 @@ from typing import Literal
 BoxMode = Literal["adaptive", "fixed", "given"]
 SavedBoxes = Literal["proposals", "regressed"]
 RankUnit = Literal["region", "detection"]
-ResizeMethod = Literal["pil", "torch"]
+ProposalFilter = Literal["caffe", "detectron2"]
+AttrSoftmax = Literal["with_none", "without_none"]
+ResizeMethod = Literal["cv2", "pil", "torch"]
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,10 @@ class PreprocessConfig:
     """Resize of the decoded image before the CNN (BGR, mean-subtracted, std 1).
 
     min_size / max_size: shortest side scaled to `min_size` unless the longest would exceed
-    `max_size`. resize: "pil" resizes the uint8 image with PIL bilinear (the Caffe/OpenCV-like path);
-    "torch" resizes float pixels with torch bilinear (the Hugging Face demo).
+    `max_size`. resize: "cv2" resizes float pixels by one scale factor with cv2's bilinear, and
+    the longest side is compared after rounding (Caffe's test code); "pil" resizes the uint8 image
+    with PIL bilinear, antialiased when shrinking (detectron2's ResizeShortestEdge); "torch"
+    resizes float pixels with torch bilinear (the Hugging Face demo).
 
     max_pixels / min_side: decoding refuses images with more than `max_pixels` pixels (read from
     the header, before any pixel is decoded; the default is the count at which PIL itself raises
@@ -104,6 +108,15 @@ class SelectionConfig:
         score >= score_thresh (Caffe `generate_tsv`); "detection" ranks the (RoI, class) pairs that
         survived NMS with score > score_thresh, so one RoI can be kept twice under two classes
         (detectron2's `fast_rcnn_inference_single_image`, used by the py-bottom-up-attention demo).
+    rpn_filter: which RPN proposals may enter NMS. "caffe" drops proposals narrower or shorter than
+        `detector.rpn_min_size` pixels of the original image (scaled to the input) before the
+        pre-NMS top-k (Caffe's proposal_layer, RPN_MIN_SIZE 16); "detectron2" takes the top-k by
+        objectness first, then drops only empty proposals, width or height not > 0
+        (detectron2's find_top_rpn_proposals with MIN_SIZE 0, as both demos configure it).
+    attr_softmax: "with_none" normalises over all 401 attribute scores, then drops "no attribute"
+        (the Caffe net's attr_prob, hence LXMERT's TSVs); "without_none" normalises over the 400
+        real attributes only (both demos), which makes every confidence 1 / (1 - p(no attribute))
+        times larger.
     """
 
     mode: BoxMode = "adaptive"
@@ -117,6 +130,8 @@ class SelectionConfig:
     saved_boxes: SavedBoxes = "proposals"
     nms_plus_one: bool = False
     rank: RankUnit = "region"
+    rpn_filter: ProposalFilter = "caffe"
+    attr_softmax: AttrSoftmax = "with_none"
 
 
 @dataclass(frozen=True)
@@ -133,12 +148,14 @@ class ExtractorConfig:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+CAFFE_PREPROCESS = PreprocessConfig(resize="cv2")
+
 PRESETS: dict[str, tuple[PreprocessConfig, SelectionConfig]] = {
-    "caffe": (PreprocessConfig(), SelectionConfig(mode="adaptive", nms_plus_one=True)),
+    "caffe": (CAFFE_PREPROCESS, SelectionConfig(mode="adaptive", nms_plus_one=True)),
     # The Caffe 36-box files come from generate_tsv with min = max = 36: one NMS pass at 0.3 and
     # the top 36 by score, however many reach 0.2. A longer sweep would diverge from those files.
     "lxmert": (
-        PreprocessConfig(),
+        CAFFE_PREPROCESS,
         SelectionConfig(mode="fixed", num_boxes=36, nms_thresholds=(0.3,), nms_plus_one=True),
     ),
     "pb-demo": (
@@ -149,6 +166,8 @@ PRESETS: dict[str, tuple[PreprocessConfig, SelectionConfig]] = {
             nms_thresholds=(0.5, 0.6, 0.7, 0.8, 0.9),
             saved_boxes="regressed",
             rank="detection",
+            rpn_filter="detectron2",
+            attr_softmax="without_none",
         ),
     ),
     # The demo's do_nms applies no score threshold: any 36 RoIs surviving NMS are enough.
@@ -161,6 +180,8 @@ PRESETS: dict[str, tuple[PreprocessConfig, SelectionConfig]] = {
             nms_thresholds=(0.5, 0.6, 0.7),
             class_agnostic=True,
             saved_boxes="regressed",
+            rpn_filter="detectron2",
+            attr_softmax="without_none",
         ),
     ),
 }

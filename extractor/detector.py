@@ -153,9 +153,10 @@ class RPNHead(nn.Module):
 
 
 class ProposalGenerator(nn.Module):
-    """The RPN at test time, Caffe's order: decode every anchor, clip to the image, drop boxes
-    smaller than the minimum size, keep the top `rpn_pre_nms_topk` by objectness, NMS, keep the
-    top `rpn_post_nms_topk`."""
+    """The RPN at test time: decode every anchor, clip to the image, keep the top
+    `rpn_pre_nms_topk` by objectness, NMS, keep the top `rpn_post_nms_topk`. Boxes below the
+    minimum size go before the top-k (Caffe's proposal_layer) or, with no minimum, empty boxes
+    go after it (detectron2's find_top_rpn_proposals at MIN_SIZE 0)."""
 
     def __init__(self, cfg: DetectorConfig):
         super().__init__()
@@ -167,13 +168,16 @@ class ProposalGenerator(nn.Module):
         self,
         res4: torch.Tensor,
         image_sizes: list[tuple[int, int]],
-        min_sizes: list[tuple[float, float]],
+        min_sizes: list[tuple[float, float]] | None,
     ) -> list[torch.Tensor]:
         """Proposals per image.
 
         res4: (N, C, H4, W4) features of a batch padded at the bottom/right.
         image_sizes: each image's valid (height, width) in input pixels.
-        min_sizes: each image's minimum proposal (height, width) in input pixels.
+        min_sizes: each image's minimum proposal (height, width) in input pixels: a proposal
+            needs width >= min width and height >= min height to be ranked at all (Caffe).
+            None: every proposal is ranked, and of the top-k those with width or height not
+            > 0 are dropped (detectron2).
         Returns N tensors (R_i, 4), x1 y1 x2 y2 in input pixels, best objectness first.
         """
         cfg = self.cfg
@@ -186,25 +190,28 @@ class ProposalGenerator(nn.Module):
 
         sizes = torch.tensor(image_sizes, dtype=torch.float32, device=res4.device)  # (N, 2)
         boxes = clip_boxes(boxes, sizes[:, :1], sizes[:, 1:])
-        mins = torch.tensor(min_sizes, dtype=torch.float32, device=res4.device)
-        keep = (boxes[..., 2] - boxes[..., 0] >= mins[:, 1:]) & (
-            boxes[..., 3] - boxes[..., 1] >= mins[:, :1]
-        )
         # Only the anchors an image alone would have: those on its own (top-left) part of the grid.
         inside = torch.zeros(n, h4, w4, dtype=torch.bool)
         for i, (h, w) in enumerate(image_sizes):
             valid_h, valid_w = level_sizes(h, w)["res4"]
             inside[i, :valid_h, :valid_w] = True
-        keep &= inside.to(res4.device).repeat_interleave(num_anchors, dim=2).view(n, -1)
+        keep = inside.to(res4.device).repeat_interleave(num_anchors, dim=2).view(n, -1)
+        if min_sizes is not None:
+            mins = torch.tensor(min_sizes, dtype=torch.float32, device=res4.device)
+            keep &= (boxes[..., 2] - boxes[..., 0] >= mins[:, 1:]) & (
+                boxes[..., 3] - boxes[..., 1] >= mins[:, :1]
+            )
         scores = logits.masked_fill(~keep, -math.inf)
 
         k = min(cfg.rpn_pre_nms_topk, scores.shape[1])
         top_scores, top_idx = scores.topk(k, dim=1)  # (N, k), sorted
         top_boxes = torch.gather(boxes, 1, top_idx[..., None].expand(-1, -1, 4))
+        valid = torch.isfinite(top_scores)
+        if min_sizes is None:
+            valid &= (top_boxes[..., 2] > top_boxes[..., 0]) & (top_boxes[..., 3] > top_boxes[..., 1])
         proposals = []
         for i in range(n):
-            valid = torch.isfinite(top_scores[i])
-            b, s = top_boxes[i][valid], top_scores[i][valid]
+            b, s = top_boxes[i][valid[i]], top_scores[i][valid[i]]
             kept = nms(b, s, cfg.rpn_nms_thresh)[: cfg.rpn_post_nms_topk]
             proposals.append(b[kept])
         return proposals
@@ -298,7 +305,7 @@ class BUTDDetector(nn.Module):
         self,
         images: torch.Tensor,
         image_sizes: list[tuple[int, int]],
-        min_sizes: list[tuple[float, float]],
+        min_sizes: list[tuple[float, float]] | None,
     ) -> tuple[list[torch.Tensor], RoIHeadOutputs]:
         """images: (N, 3, H, W) mean-subtracted BGR, zero-padded -> (proposals, head outputs)."""
         res4 = self.backbone(images, image_sizes)

@@ -121,9 +121,11 @@ class Extractor:
                 for i, b in enumerate(given_boxes)
             ]
         else:
-            min_size = self.cfg.detector.rpn_min_size
-            # Caffe's RPN minimum is 16 pixels of the original image: 16 * scale in the input.
-            min_sizes = [(min_size * im.scale_y, min_size * im.scale_x) for im in images]
+            min_sizes = None
+            if self.cfg.selection.rpn_filter == "caffe":
+                # Caffe's RPN minimum is 16 pixels of the original image: 16 * scale in the input.
+                min_size = self.cfg.detector.rpn_min_size
+                min_sizes = [(min_size * im.scale_y, min_size * im.scale_x) for im in images]
             with self._autocast():
                 rois = self.model.proposal_generator(res4, sizes, min_sizes)
         start = self._tick("rpn", start)
@@ -148,7 +150,11 @@ class Extractor:
         counts = [len(r) for r in rois]
         all_rois = torch.cat(rois).float()
         cls_probs = torch.softmax(head.cls_logits.float(), dim=1)  # (R, C + 1), background last
-        attr_probs = torch.softmax(head.attr_logits.float(), dim=1)[:, :-1]  # drop "no attribute"
+        attr_logits = head.attr_logits.float()  # (R, A + 1), "no attribute" last
+        if self.cfg.selection.attr_softmax == "with_none":
+            attr_probs = torch.softmax(attr_logits, dim=1)[:, :-1]
+        else:
+            attr_probs = torch.softmax(attr_logits[:, :-1], dim=1)
         attr_conf, attr_ids = attr_probs.max(dim=1)
         roi_scale = torch.repeat_interleave(
             scales, torch.tensor(counts, device=scales.device), dim=0

@@ -2,8 +2,10 @@
 
 decode_image turns file bytes into a uint8 BGR array (the colour order of the Caffe model and of
 cv2.imread) or raises ImageError naming the file and the reason; nothing is silently repaired.
-resize_image applies detectron2's ResizeShortestEdge (the size arithmetic every BUTD port shares)
-with PIL bilinear on uint8 (detectron2) or torch bilinear on float (the Hugging Face demo).
+resize_image applies the resize of the reference the preset follows: Caffe's cv2.resize of float
+pixels by one scale factor (bottom-up-attention's _get_image_blob), or detectron2's
+ResizeShortestEdge with PIL bilinear on uint8 (detectron2) or torch bilinear on float (the Hugging
+Face demo).
 """
 
 from __future__ import annotations
@@ -95,12 +97,18 @@ def decode_image(data: bytes, path: str, cfg: PreprocessConfig = PreprocessConfi
 def resize_image(image_bgr: np.ndarray, cfg: PreprocessConfig) -> PreparedImage:
     """Resize a (H, W, 3) uint8 BGR image as the detector's preprocessing does.
 
-    Shortest side to cfg.min_size unless the longest would exceed cfg.max_size (detectron2
-    ResizeShortestEdge). resize="pil": PIL bilinear on uint8, as detectron2's ResizeTransform;
-    "torch": F.interpolate(bilinear, align_corners=False) on float, as the Hugging Face demo
-    (no antialiasing, so downscaling differs from PIL by several grey levels).
+    Shortest side to cfg.min_size unless the longest would exceed cfg.max_size (see
+    resized_shape). resize="cv2": cv2.resize(INTER_LINEAR) of float pixels by one scale factor
+    on both axes, as Caffe's test code (see cv2_bilinear); "pil": PIL bilinear on uint8, as
+    detectron2's ResizeTransform; "torch": F.interpolate(bilinear, align_corners=False) on float,
+    as the Hugging Face demo. Only PIL antialiases, so downscaling differs from the other two
+    by several grey levels.
     """
     height, width = image_bgr.shape[:2]
+    if cfg.resize == "cv2":
+        scale = caffe_scale(height, width, cfg)
+        pixels = cv2_bilinear(torch.from_numpy(image_bgr), scale)
+        return PreparedImage(pixels, scale, scale, height, width)
     new_height, new_width = resized_shape(height, width, cfg)
     if cfg.resize == "pil":
         resized = Image.fromarray(image_bgr).resize(
@@ -121,8 +129,50 @@ def resize_image(image_bgr: np.ndarray, cfg: PreprocessConfig) -> PreparedImage:
     )
 
 
+def caffe_scale(height: int, width: int, cfg: PreprocessConfig) -> float:
+    """Caffe's one scale factor: shortest side to min_size, unless the longest side, rounded,
+    would exceed max_size (then longest side to max_size)."""
+    scale = cfg.min_size / min(height, width)
+    if round(scale * max(height, width)) > cfg.max_size:
+        scale = cfg.max_size / max(height, width)
+    return scale
+
+
+def cv2_bilinear(image: torch.Tensor, scale: float) -> torch.Tensor:
+    """cv2.resize(image.astype(float32), None, fx=scale, fy=scale, INTER_LINEAR) as (3, h, w).
+
+    image: (H, W, 3). The output size is round(H * scale) x round(W * scale); each output pixel
+    samples the source at (d + 0.5) / scale - 0.5 (half-pixel centres, the given scale, not the
+    ratio of sizes), clamped to the border, weights in float32, a horizontal pass then a
+    vertical one. Elementwise torch ops: the same bits on any thread count.
+    """
+    height, width = image.shape[:2]
+    x0, x1, wx0, wx1 = _cv2_taps(width, round(width * scale), scale)
+    y0, y1, wy0, wy1 = _cv2_taps(height, round(height * scale), scale)
+    pixels = image.float()
+    rows = pixels.index_select(1, x0) * wx0[:, None] + pixels.index_select(1, x1) * wx1[:, None]
+    out = rows.index_select(0, y0) * wy0[:, None, None] + rows.index_select(0, y1) * wy1[:, None, None]
+    return out.permute(2, 0, 1).contiguous()
+
+
+def _cv2_taps(size: int, out: int, scale: float):
+    """Source indices (left, right) and float32 weights of cv2's linear resize along one axis."""
+    pos = ((torch.arange(out, dtype=torch.float64) + 0.5) * (1.0 / scale) - 0.5).float()
+    left = pos.floor()
+    frac = pos - left
+    left = left.long()
+    edge = (left < 0) | (left >= size - 1)
+    frac[edge] = 0.0
+    left = left.clamp(0, size - 1)
+    return left, (left + 1).clamp(max=size - 1), 1.0 - frac, frac
+
+
 def resized_shape(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:
-    """(new_height, new_width) of detectron2's ResizeShortestEdge.get_output_shape."""
+    """(new_height, new_width): Caffe's for resize="cv2", else detectron2's
+    ResizeShortestEdge.get_output_shape."""
+    if cfg.resize == "cv2":
+        scale = caffe_scale(height, width, cfg)
+        return round(height * scale), round(width * scale)
     scale = cfg.min_size / min(height, width)
     if height < width:
         new_height, new_width = float(cfg.min_size), scale * width

@@ -13,7 +13,13 @@ from PIL import Image
 from skimage import data as photos
 
 from extractor.config import PreprocessConfig
-from extractor.preprocess import ImageError, decode_image, resize_image, resized_shape
+from extractor.preprocess import (
+    ImageError,
+    caffe_scale,
+    decode_image,
+    resize_image,
+    resized_shape,
+)
 
 
 def encode(array_or_image, fmt="PNG", **kwargs) -> bytes:
@@ -216,7 +222,7 @@ def test_resize_caps_the_long_side(height, width, min_size, max_size, expected):
     assert resized_shape(height, width, cfg) == expected
 
 
-@pytest.mark.parametrize("method", ["pil", "torch"])
+@pytest.mark.parametrize("method", ["cv2", "pil", "torch"])
 def test_resize_keeps_bgr_pixels(method):
     bgr = np.ascontiguousarray(photos.astronaut()[..., ::-1])
     prepared = resize_image(bgr, PreprocessConfig(min_size=512, max_size=512, resize=method))
@@ -240,3 +246,43 @@ def test_refuses_to_run_with_truncated_loading_switched_on(monkeypatch):
     monkeypatch.setattr(ImageFile, "LOAD_TRUNCATED_IMAGES", True)
     with pytest.raises(RuntimeError, match="LOAD_TRUNCATED_IMAGES"):
         decode_image(encode(photos.rocket(), "JPEG")[:20000], "truncated.jpg")
+
+
+@pytest.mark.parametrize("name, transposed", [("coffee", False), ("chelsea", True), ("rocket", False)])
+@pytest.mark.parametrize("min_size, max_size", [(600, 1000), (300, 500), (800, 1333)])
+def test_cv2_resize_is_caffes(name, transposed, min_size, max_size):
+    """Caffe's _get_image_blob: one scale, the rounded long side capped, cv2 bilinear on float.
+
+    OpenCV's own C++ path is the reference; its optional Intel IPP kernels are switched off (they
+    round differently, up to ~0.007 grey levels, and are not what every build runs).
+    """
+    cv2 = pytest.importorskip("cv2")
+    rgb = getattr(photos, name)()
+    bgr = np.ascontiguousarray((rgb.transpose(1, 0, 2) if transposed else rgb)[..., ::-1])
+    height, width = bgr.shape[:2]
+    scale = min_size / min(height, width)
+    if np.round(scale * max(height, width)) > max_size:
+        scale = max_size / max(height, width)
+    use_ipp = cv2.ipp.useIPP()
+    cv2.ipp.setUseIPP(False)
+    try:
+        expected = cv2.resize(bgr.astype(np.float32), None, None, fx=scale, fy=scale,
+                              interpolation=cv2.INTER_LINEAR)
+    finally:
+        cv2.ipp.setUseIPP(use_ipp)
+    prepared = resize_image(bgr, PreprocessConfig(min_size=min_size, max_size=max_size, resize="cv2"))
+    assert prepared.scale_y == prepared.scale_x == scale
+    assert prepared.pixels.shape == (3, *expected.shape[:2])
+    assert resized_shape(height, width, PreprocessConfig(min_size, max_size, "cv2")) == expected.shape[:2]
+    np.testing.assert_allclose(prepared.pixels.numpy().transpose(1, 2, 0), expected, rtol=0, atol=1e-4)
+
+
+def test_caffe_caps_the_rounded_long_side():
+    """Caffe compares the long side after rounding: 5001 * 0.2 = 1000.2 rounds to 1000, not above
+    the cap, so the scale stays 0.2 (detectron2 compares 1000.2 and shrinks by 1000 / 1000.2)."""
+    caffe = PreprocessConfig(resize="cv2")
+    assert caffe_scale(3000, 5001, caffe) == 0.2
+    assert resized_shape(3000, 5001, caffe) == resized_shape(3000, 5001, PreprocessConfig()) == (600, 1000)
+    assert caffe_scale(3000, 5003, caffe) == 1000 / 5003  # 1000.6 rounds to 1001: capped
+    assert resized_shape(3000, 5003, caffe) == (600, 1000)
+    assert caffe_scale(5001, 3000, caffe) == 0.2
