@@ -141,7 +141,7 @@ def caffe_scale(height: int, width: int, cfg: PreprocessConfig) -> float:
 def cv2_bilinear(image: torch.Tensor, scale: float) -> torch.Tensor:
     """cv2.resize(image.astype(float32), None, fx=scale, fy=scale, INTER_LINEAR) as (3, h, w).
 
-    image: (H, W, 3). The output size is round(H * scale) x round(W * scale); each output pixel
+    image: (H, W, 3), any dtype (gathered before the float conversion). The output size is round(H * scale) x round(W * scale); each output pixel
     samples the source at (d + 0.5) / scale - 0.5 (half-pixel centres, the given scale, not the
     ratio of sizes), clamped to the border, weights in float32, a horizontal pass then a
     vertical one. Elementwise torch ops: the same bits on any thread count.
@@ -149,9 +149,10 @@ def cv2_bilinear(image: torch.Tensor, scale: float) -> torch.Tensor:
     height, width = image.shape[:2]
     x0, x1, wx0, wx1 = _cv2_taps(width, round(width * scale), scale)
     y0, y1, wy0, wy1 = _cv2_taps(height, round(height * scale), scale)
-    pixels = image.float()
-    rows = pixels.index_select(1, x0) * wx0[:, None] + pixels.index_select(1, x1) * wx1[:, None]
-    out = rows.index_select(0, y0) * wy0[:, None, None] + rows.index_select(0, y1) * wy1[:, None, None]
+    rows = image.index_select(1, x0).float().mul_(wx0[:, None])
+    rows.add_(image.index_select(1, x1).float().mul_(wx1[:, None]))
+    out = rows.index_select(0, y0).mul_(wy0[:, None, None])
+    out.add_(rows.index_select(0, y1).mul_(wy1[:, None, None]))
     return out.permute(2, 0, 1).contiguous()
 
 
