@@ -16,13 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-BLOCKS_PER_STAGE: dict[int, tuple[int, int, int, int]] = {
-    18: (2, 2, 2, 2),
-    34: (3, 4, 6, 3),
-    50: (3, 4, 6, 3),
-    101: (3, 4, 23, 3),
-    152: (3, 8, 36, 3),
-}
+from extractor.config import BLOCKS_PER_STAGE
 
 
 class FrozenBatchNorm2d(nn.Module):

@@ -20,6 +20,15 @@ ProposalFilter = Literal["caffe", "detectron2"]
 AttrSoftmax = Literal["with_none", "without_none"]
 ResizeMethod = Literal["cv2", "pil", "torch"]
 
+# ResNet depth -> residual blocks in res2, res3, res4, res5.
+BLOCKS_PER_STAGE: dict[int, tuple[int, int, int, int]] = {
+    18: (2, 2, 2, 2),
+    34: (3, 4, 6, 3),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+}
+
 
 @dataclass(frozen=True)
 class DetectorConfig:
@@ -48,6 +57,14 @@ class DetectorConfig:
     attr_hidden: int = 512
     bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
     pixel_mean_bgr: tuple[float, float, float] = (102.9801, 115.9465, 122.7717)
+
+    def __post_init__(self):
+        if self.depth not in BLOCKS_PER_STAGE:
+            depths = ", ".join(str(d) for d in BLOCKS_PER_STAGE)
+            raise ValueError(f"depth = {self.depth}: supported depths are {depths}")
+        _check_positive(self, "width", "num_classes", "num_attributes", "rpn_hidden",
+                        "feature_stride", "rpn_pre_nms_topk", "rpn_post_nms_topk",
+                        "pooler_resolution", "res5_dilation")
 
     @property
     def bottleneck(self) -> bool:
@@ -88,6 +105,13 @@ class PreprocessConfig:
     resize: ResizeMethod = "pil"
     max_pixels: int = 178_956_970
     min_side: int = 16
+
+    def __post_init__(self):
+        _check_positive(self, "min_size", "max_size", "max_pixels", "min_side")
+        if self.min_size > self.max_size:
+            raise ValueError(f"min_size = {self.min_size}: must be <= max_size = {self.max_size}")
+        if self.min_side > self.min_size:  # every resized short side would be below min_side
+            raise ValueError(f"min_side = {self.min_side}: must be <= min_size = {self.min_size}")
 
 
 @dataclass(frozen=True)
@@ -133,6 +157,13 @@ class SelectionConfig:
     rpn_filter: ProposalFilter = "caffe"
     attr_softmax: AttrSoftmax = "with_none"
 
+    def __post_init__(self):
+        _check_positive(self, "max_boxes", "num_boxes")
+        if not 0 <= self.min_boxes <= self.max_boxes:
+            raise ValueError(
+                f"min_boxes = {self.min_boxes}: must be between 0 and max_boxes = {self.max_boxes}"
+            )
+
 
 @dataclass(frozen=True)
 class ExtractorConfig:
@@ -146,6 +177,14 @@ class ExtractorConfig:
         """Short stable hash of the whole configuration (recorded in every shard)."""
         text = json.dumps(dataclasses.asdict(self), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _check_positive(config, *names: str) -> None:
+    """ValueError "name = value: must be positive" for the first of `names` that is not > 0."""
+    for name in names:
+        value = getattr(config, name)
+        if value <= 0:
+            raise ValueError(f"{name} = {value}: must be positive")
 
 
 CAFFE_PREPROCESS = PreprocessConfig(resize="cv2")

@@ -4,7 +4,8 @@ All three formats name tensors with detectron2's module names and class order (R
 background last in `cls_score`, "no attribute" last in `attr_score`, `bbox_pred` without background
 rows), which are also our `BUTDDetector.state_dict()` names. So the mapping is a short table of
 per-format renames, and loading is strict: every tensor of the model must be found with its shape,
-every tensor of the file must be used, or one `WeightsError` lists all the differences.
+every tensor of the file must be used, or one `WeightsError` (a one-line message) lists the
+differences.
 
 Formats, told apart by content first and file name second:
 - "d2-pickle": `faster_rcnn_from_caffe*.pkl`, `{"model": {name: ndarray}, "__author__": ...}`, maybe
@@ -21,6 +22,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -34,6 +36,7 @@ import torch
 from torch import nn
 
 from extractor.config import DetectorConfig
+from extractor.errors import WeightsError
 
 try:
     from numpy import _core as _np_core  # numpy >= 2
@@ -56,10 +59,7 @@ _RENAMES: dict[CheckpointFormat, tuple[tuple[str, str | None], ...]] = {
 
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
 _SAFETENSORS_TAG = "vlpipe-butd-detector"
-
-
-class WeightsError(ValueError):
-    """A checkpoint that cannot be read, or does not match the detector."""
+_LISTED_PROBLEMS = 5  # a checkpoint of another architecture differs in hundreds of tensors
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,13 @@ def detect_format(path: str | os.PathLike) -> CheckpointFormat:
 
 
 def _read_d2_pickle(path: Path) -> dict[str, torch.Tensor]:
-    with open(path, "rb") as f:
-        obj = load_numpy_pickle(f)
+    try:
+        with open(path, "rb") as f:
+            obj = load_numpy_pickle(f)
+    except WeightsError as err:
+        raise WeightsError(f"{path}: {err}") from None
+    except Exception as err:  # a truncated or corrupt pickle raises any of several types
+        raise WeightsError(f"{path}: not a readable pickle ({type(err).__name__}: {err})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
         found = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
         raise WeightsError(f"{path}: expected a detectron2 pickle {{'model': {{...}}}}, found {found}")
@@ -169,8 +174,19 @@ def _read_d2_pickle(path: Path) -> dict[str, torch.Tensor]:
 def _read_torch(path: Path) -> dict[str, torch.Tensor]:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:  # a global outside torch's allowlist, e.g. code to run
-        raise WeightsError(f"{path}: refused by torch.load(weights_only=True): {err}") from None
+    except Exception as err:  # torch raises several types for a refused or broken pickle
+        # torch's message advises weights_only=False, i.e. running the file's code: not passed on
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        if found:
+            raise WeightsError(
+                f"{path}: refused by torch.load(weights_only=True): it holds global "
+                f"{found.group(1)}; a detector checkpoint holds only tensors, so this file is not "
+                "one (or is malicious)"
+            ) from None
+        reason = ("no pickle torch.load(weights_only=True) reads"
+                  if isinstance(err, pickle.UnpicklingError)
+                  else " ".join(str(err).split()) or type(err).__name__)
+        raise WeightsError(f"{path}: not a readable torch.save file ({reason})") from None
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         found = sorted(obj) if isinstance(obj, Mapping) else type(obj).__name__
         raise WeightsError(f"{path}: expected a flat state dict of tensors, found {found}")
@@ -178,7 +194,10 @@ def _read_torch(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    return safetensors.torch.load_file(path, device="cpu")
+    try:
+        return safetensors.torch.load_file(path, device="cpu")
+    except Exception as err:  # safetensors' own error type for a truncated or corrupt file
+        raise WeightsError(f"{path}: not a readable safetensors file ({err})") from None
 
 
 _READERS: dict[CheckpointFormat, Callable[[Path], dict[str, torch.Tensor]]] = {
@@ -237,17 +256,18 @@ def _mismatches(expected: Mapping[str, torch.Tensor], found: Mapping[str, torch.
 def load_detector_weights(model: nn.Module, path: str | os.PathLike) -> WeightsInfo:
     """Copy a checkpoint into `model` in place, strictly.
 
-    Raises WeightsError listing every missing, unexpected and mis-shaped tensor, or anchors that
-    differ from the model's; the model is left untouched in that case. Values are cast to the
-    model's dtypes and copied to its devices.
+    Raises WeightsError counting the missing, unexpected and mis-shaped tensors and anchors that
+    differ from the model's, and naming the first five; the model is left untouched in that case.
+    Values are cast to the model's dtypes and copied to its devices.
     """
     fmt, found = read_checkpoint(path)
     expected = model.state_dict()
     problems = _mismatches(expected, found)
     if problems:
+        more = len(problems) - _LISTED_PROBLEMS
         raise WeightsError(
-            f"checkpoint {path} ({fmt}) does not match the detector, {len(problems)} problem(s):\n  "
-            + "\n  ".join(problems)
+            f"checkpoint {path} ({fmt}) does not match the detector, {len(problems)} problem(s): "
+            + "; ".join(problems[:_LISTED_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
         )
     merged = {name: found.get(name, t).to(t.dtype) for name, t in expected.items()}
     model.load_state_dict(merged, strict=True)

@@ -9,13 +9,18 @@ heavy ones (torch, Ray) inside `run`, so `pipeline --help` is instant.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from types import ModuleType
 
+from extractor.errors import WeightsError
+from model.errors import CheckpointError
 from pipeline.bench import command as bench
 from pipeline.common.arguments import formatter_for
 from pipeline.common.config import ConfigError
+from pipeline.common.ray_session import RayStartError
 from pipeline.corpus import command as corpus
+from pipeline.corpus.config import CorpusError
 from pipeline.datasets import DatasetError
 from pipeline.demo import demo
 from pipeline.detector import command as detector
@@ -29,7 +34,9 @@ from pipeline.finetune import predict_command as predict
 from pipeline.finetune.examples import ExamplesError, TaskDataError
 from pipeline.pretrain import command as pretrain
 from pipeline.train import convert, plot
+from pipeline.train.errors import DivergenceError
 from pipeline.world import command as world
+from shards.schema import SchemaError
 
 VERBS: dict[str, ModuleType] = {
     "extract": extract,
@@ -51,10 +58,18 @@ VERBS: dict[str, ModuleType] = {
 USER_ERRORS: dict[type[Exception], str] = {
     ConfigError: "config error",
     DatasetError: "dataset error",
+    CorpusError: "corpus error",
+    WeightsError: "weights error",
     EvaluationError: "evaluation error",
     ExamplesError: "task data error",
     TaskDataError: "task data error",
+    RayStartError: "ray error",
+    SchemaError: "shard error",
+    CheckpointError: "checkpoint error",
+    DivergenceError: "training error",
 }
+# A file the user named in a place this process may not write (or read), e.g. a read-only --out.
+DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 DESCRIPTION = """\
 The open pipeline for vision-and-language pretraining: raw images in, bottom-up-attention region
@@ -64,7 +79,7 @@ Typical use:
   pipeline demo                                  world -> features -> pretrain -> VQA / NLVR2 scores
   pipeline extract --dataset folder --root IMGS --out FEATS --weights faster_rcnn_from_caffe_attr.pkl
   pipeline shards verify FEATS                   check a shard set end to end
-  pipeline bench extract                         images/s and time per stage
+  pipeline bench extract --random-weights        images/s and time per stage
   pipeline bench model --arch lxmert             training samples/s, ours against transformers
   pipeline bench pretrain                        pretraining samples/s, 1 -> 2 Ray Train workers
   pipeline convert model_LXRT.pth --to hf --out DIR   official LXMERT weights -> Hugging Face
@@ -101,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     except tuple(USER_ERRORS) as err:
         kind = next(label for error, label in USER_ERRORS.items() if isinstance(err, error))
         print(f"pipeline: {kind}: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno not in DENIED:
+            raise
+        where = f"{err.filename}: {err.strerror}" if err.filename else err  # pyarrow's has none
+        print(f"pipeline: file error: {where}", file=sys.stderr)
         return 2
 
 

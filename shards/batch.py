@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from shards.schema import NUM_CLS_PROBS, Sample
+from shards.schema import NUM_CLS_PROBS, Sample, SchemaError
 
 # Fills the padding of object_ids and attr_ids: never a class, so a loss can ignore it.
 _PAD_IDS = -1
@@ -93,8 +93,8 @@ def collate_regions(
 
     max_boxes: keep at most this many regions per sample (the first, best-ranked ones).
     pad_to: N of the batch; every sample must fit in it after max_boxes (else ValueError).
-    Raises ValueError naming the sample key when samples disagree on the feature dimension or a
-    sample's arrays disagree with its num_boxes.
+    Raises SchemaError (a ValueError) naming the sample key when samples disagree on the feature
+    dimension or a sample's arrays disagree with its num_boxes.
     """
     if not samples:
         raise ValueError("collate_regions: no samples")
@@ -106,7 +106,7 @@ def collate_regions(
     dims = [s.arrays["features"].shape[1] for s in samples]
     for s, dim in zip(samples, dims):
         if dim != dims[0]:
-            raise ValueError(
+            raise SchemaError(
                 f"{s.key}: feature_dim {dim} differs from {dims[0]} of {samples[0].key}; "
                 "samples from different extractions cannot share a batch"
             )
@@ -161,18 +161,18 @@ def collate_regions(
 
 
 def _checked_count(sample: Sample) -> int:
-    """The sample's num_boxes, after checking its arrays have that many rows (a reader does not
-    validate samples, and a silent mismatch would misalign features and boxes)."""
+    """The sample's num_boxes, after checking its arrays have that many rows (the streaming
+    reader does not validate samples, and a silent mismatch would misalign features and boxes)."""
     n = sample.num_boxes
     for name in ("boxes", "features", "object_ids", "object_conf", "attr_ids", "attr_conf"):
         if name not in sample.arrays:
-            raise ValueError(f"{sample.key}: missing array {name!r}")
+            raise SchemaError(f"{sample.key}: missing array {name!r}")
         if sample.arrays[name].shape[0] != n:
             shape = sample.arrays[name].shape
-            raise ValueError(f"{sample.key}: {name} has shape {shape} but num_boxes is {n}")
+            raise SchemaError(f"{sample.key}: {name} has shape {shape} but num_boxes is {n}")
     if sample.arrays["features"].ndim != 2:
         shape = sample.arrays["features"].shape
-        raise ValueError(f"{sample.key}: features must be (N, D), got shape {shape}")
+        raise SchemaError(f"{sample.key}: features must be (N, D), got shape {shape}")
     return n
 
 

@@ -5,10 +5,14 @@
 
 `read_selected` reads some samples of one shard, seeking past the others (a reader that already
 knows the shard's keys from a header scan, `shards.store.scan_shard`, and needs only a few).
+`decode_checked` decodes and also validates one sample: what the training readers use.
 
 Splitting is by shard: every rank and worker reads a disjoint set of whole shards, so together
 they cover each sample exactly once (a worker gets nothing when there are fewer shards than
 ranks x workers). The shard shuffle uses only (seed, epoch), so all ranks agree on it.
+
+Every error is a SchemaError that names the shard's path and, when known, the sample key: a
+truncated or damaged tar, a member that does not decode, an invalid sample (decode_checked).
 """
 
 from __future__ import annotations
@@ -68,19 +72,35 @@ def has_end_marker(path: Path) -> bool:
         return f.read() == bytes(2 * tarfile.BLOCKSIZE)
 
 
+def check_end_marker(path: Path) -> None:
+    """Raise SchemaError naming `path` unless it ends as a complete tar does (has_end_marker)."""
+    if not has_end_marker(path):
+        raise SchemaError(f"{path}: truncated or not a tar (no end-of-archive blocks)")
+
+
+def unreadable_tar(path: Path, key: str | None, error: tarfile.TarError) -> SchemaError:
+    """The error for a tar that tarfile cannot read, at sample `key` (None: before any)."""
+    at = f" at sample {key!r}" if key is not None else ""
+    return SchemaError(f"{path}: unreadable tar{at} ({error})")
+
+
 def iter_members(shards: Iterable[Path]) -> Iterator[tuple[Path, str, bytes]]:
     """(shard, member name, payload) of every regular-file member, streaming each tar once.
 
     A truncated shard raises SchemaError before any of its members is yielded.
     """
     for shard in shards:
-        if not has_end_marker(shard):
-            raise SchemaError(f"{shard.name}: truncated tar (no end-of-archive blocks)")
-        with tarfile.open(shard, mode="r|") as tar:
-            for info in tar:
-                if not info.isfile():
-                    raise SchemaError(f"{shard.name}: member {info.name!r} is not a regular file")
-                yield shard, info.name, tar.extractfile(info).read()
+        check_end_marker(shard)
+        key = None
+        try:
+            with tarfile.open(shard, mode="r|") as tar:
+                for info in tar:
+                    key = info.name.partition(".")[0]
+                    if not info.isfile():
+                        raise SchemaError(f"{shard}: member {info.name!r} is not a regular file")
+                    yield shard, info.name, tar.extractfile(info).read()
+        except tarfile.TarError as e:
+            raise unreadable_tar(shard, key, e) from e
 
 
 def read_selected(
@@ -113,7 +133,7 @@ def read_selected(
                 if members is not None:
                     members[suffix] = tar.extractfile(info).read()
     except tarfile.TarError as e:
-        raise SchemaError(f"{path}: unreadable tar after sample {current!r} ({e})") from e
+        raise unreadable_tar(path, current, e) from e
     if current is not None:
         yield current, members
     if next(expected, None) is not None:
@@ -132,25 +152,41 @@ def group_by_key(
     for shard, name, payload in members:
         key, dot, suffix = name.partition(".")
         if not dot or "/" in name:
-            raise SchemaError(f"{shard.name}: member name {name!r} is not 'key.field'")
+            raise SchemaError(f"{shard}: member name {name!r} is not 'key.field'")
         if (shard, key) != current:
             if current is not None:
                 yield (*current, group)
             current, group = (shard, key), {}
         if suffix in group:
-            raise SchemaError(f"{shard.name}: {key}: member {suffix!r} appears twice")
+            raise SchemaError(f"{shard}: {key}: member {suffix!r} appears twice")
         group[suffix] = payload
     if current is not None:
         yield (*current, group)
 
 
 def decode_samples(groups: Iterable[tuple[Path, str, dict[str, bytes]]]) -> Iterator[Sample]:
-    """Samples from grouped members: .npy with allow_pickle=False, JSON; pickles are refused."""
+    """Samples from grouped members: .npy with allow_pickle=False, JSON; pickles are refused.
+    Not validated (see decode_checked)."""
     for shard, key, members in groups:
         try:
             yield decode_sample(key, members)
-        except (SchemaError, ValueError) as e:
-            raise SchemaError(f"{shard.name}: {e}") from e
+        except SchemaError as e:
+            raise SchemaError(f"{shard}: {key}: {e}") from e
+
+
+def decode_checked(path: Path, key: str, members: dict[str, bytes]) -> Sample:
+    """The sample `key` of shard `path` from its members ({suffix: payload}), decoded (no
+    pickles) and validated against schema v1 (NaN/inf, boxes inside the image, shapes, ...).
+
+    Raises SchemaError "{path}: sample {key!r} is corrupt: ..." with every problem found.
+    """
+    try:
+        sample = decode_sample(key, members)
+    except SchemaError as e:
+        raise SchemaError(f"{path}: sample {key!r} is corrupt: {e}") from e
+    if problems := sample.validate():
+        raise SchemaError(f"{path}: sample {key!r} is corrupt: " + "; ".join(problems))
+    return sample
 
 
 def shuffle_buffer(samples: Iterable[Sample], size: int, rng: random.Random) -> Iterator[Sample]:

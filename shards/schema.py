@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
+import tokenize
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
@@ -308,27 +310,69 @@ def _encode_json(meta: dict[str, Any]) -> bytes:
 def decode_sample(key: str, members: dict[str, bytes]) -> Sample:
     """Sample from its members, keyed by the member-name suffix after `key.` (e.g. "boxes.npy").
 
-    Arrays are read with allow_pickle=False; a pickle member or an unknown member raises
-    SchemaError without being decoded.
+    Arrays are read without pickles (an object array is refused); a pickle member or an unknown
+    member raises SchemaError without being decoded. A member that does not decode (bad JSON, a
+    damaged .npy header, short .npy data) raises SchemaError naming the member; the caller adds
+    where the sample is (shard path, key). The result is not validated: call `validate()`.
     """
     meta, arrays, image_bytes, image_ext = None, {}, None, None
     for suffix, payload in members.items():
         ext = suffix.rsplit(".", 1)[-1]
         if ext in PICKLE_EXTS:
-            raise SchemaError(f"{key}: refusing to decode pickle member {suffix!r}")
+            raise SchemaError(f"refusing to decode pickle member {suffix!r}")
         field = suffix[: -len(ext) - 1] if "." in suffix else ""
         if suffix == "json":
-            meta = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+            meta = _decode_json(payload)
         elif ext == "npy" and field in ARRAY_FIELDS:
-            arrays[field] = np.load(io.BytesIO(payload), allow_pickle=False)
+            arrays[field] = _decode_npy(suffix, payload)
         elif field == "image" and ext in IMAGE_EXTS:
             image_bytes, image_ext = payload, ext
         else:
-            raise SchemaError(f"{key}: unknown member {suffix!r}")
+            raise SchemaError(f"unknown member {suffix!r}")
     if meta is None:
-        raise SchemaError(f"{key}: missing the json member")
+        raise SchemaError("missing the json member")
     return Sample(key, meta, arrays, image_bytes, image_ext)
+
+
+def _decode_json(payload: bytes) -> dict[str, Any]:
+    try:
+        meta = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant)
+    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError and SchemaError are ValueErrors
+        raise SchemaError(f"member 'json' is not UTF-8 JSON: {e}") from e
+    if not isinstance(meta, dict):
+        raise SchemaError(f"member 'json' holds a {type(meta).__name__}, not a JSON object")
+    return meta
 
 
 def _reject_constant(name: str) -> float:
     raise SchemaError(f"JSON constant {name} is not allowed")
+
+
+# numpy parses the header dict with tokenize and ast: garbage there raises their errors.
+_NPY_ERRORS = (ValueError, TypeError, SyntaxError, EOFError, tokenize.TokenError)
+_NPY_HEADERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _decode_npy(suffix: str, payload: bytes) -> np.ndarray:
+    """The array of a .npy member, its header checked against the payload's size before anything
+    is allocated (np.load allocates whatever a damaged shape says: petabytes, say)."""
+    buffer = io.BytesIO(payload)
+    try:
+        version = np.lib.format.read_magic(buffer)
+        if version not in _NPY_HEADERS:
+            raise ValueError(f"unsupported .npy format version {version}")
+        shape, fortran_order, dtype = _NPY_HEADERS[version](buffer)
+        if dtype.hasobject:
+            raise ValueError("Object arrays cannot be loaded when allow_pickle=False")
+        count, found = math.prod(shape), len(payload) - buffer.tell()
+        if count * dtype.itemsize != found:
+            raise ValueError(f"the header's {dtype.str} {shape} needs {count * dtype.itemsize} "
+                             f"bytes, {found} follow")
+        flat = np.frombuffer(payload, dtype, count=count, offset=buffer.tell())
+        array = flat.reshape(shape, order="F" if fortran_order else "C")
+    except _NPY_ERRORS as e:
+        raise SchemaError(f"member {suffix!r} is not a readable .npy array: {e}") from e
+    return array.copy(order="K")  # writable, as np.load's arrays are

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from shards.reader import list_shards
-from shards.schema import Sample, SchemaError, decode_sample, make_key
+from shards.reader import check_end_marker, decode_checked, list_shards, unreadable_tar
+from shards.schema import Sample, SchemaError, make_key
 
 INDEX_NAME = "store_index.npz"
 _BLOCK = tarfile.BLOCKSIZE
@@ -33,16 +33,22 @@ def _shard_fingerprint(shards: list[Path]) -> np.ndarray:
 
 
 def scan_shard(path: Path) -> Iterator[tuple[str, int, int]]:
-    """(key, span offset, span length in bytes) of each sample of a shard, from its headers only."""
+    """(key, span offset, span length in bytes) of each sample of a shard, from its headers only.
+
+    A truncated or unreadable tar raises SchemaError naming `path`."""
+    check_end_marker(path)
     key, start, end = None, 0, 0
-    with tarfile.open(path, mode="r:") as tar:
-        for info in tar:
-            member_key = info.name.partition(".")[0]
-            if member_key != key:
-                if key is not None:
-                    yield key, start, end - start
-                key, start = member_key, info.offset
-            end = info.offset_data + -(-info.size // _BLOCK) * _BLOCK
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for info in tar:
+                member_key = info.name.partition(".")[0]
+                if member_key != key:
+                    if key is not None:
+                        yield key, start, end - start
+                    key, start = member_key, info.offset
+                end = info.offset_data + -(-info.size // _BLOCK) * _BLOCK
+    except tarfile.TarError as e:
+        raise unreadable_tar(path, key, e) from e
     if key is not None:
         yield key, start, end - start
 
@@ -66,8 +72,8 @@ def build_index(shards: list[Path]) -> dict[str, np.ndarray]:
     if dup.size:
         i = dup[0]
         raise SchemaError(
-            f"key {keys_arr[i].decode()!r} in both {shards[shard_arr[i]].name} and "
-            f"{shards[shard_arr[i + 1]].name}"
+            f"key {keys_arr[i].decode()!r} in both {shards[shard_arr[i]]} and "
+            f"{shards[shard_arr[i + 1]]}"
         )
     return {
         "keys": keys_arr,
@@ -81,6 +87,8 @@ class FeatureStore:
     """Samples of a shard directory by key: `store[key]`, `key in store`, `len(store)`, `keys()`.
 
     directory: holds the `*.tar` shards. max_open_files bounds the open shard descriptors (LRU).
+    A sample is validated as it is read (reader.decode_checked): a corrupt one raises SchemaError
+    naming its shard's path and its key.
     """
 
     def __init__(self, directory: str | os.PathLike, *, max_open_files: int = 64):
@@ -134,16 +142,19 @@ class FeatureStore:
         if i is None:
             raise KeyError(key)
         shard = int(self._shard[i])
+        path = self.shards[shard]
         span = os.pread(self._fd(shard), int(self._length[i]), int(self._offset[i]))
         members = {}
-        with tarfile.open(fileobj=io.BytesIO(span), mode="r:") as tar:
-            for info in tar:
-                member_key, _, suffix = info.name.partition(".")
-                if member_key != key:
-                    where = self.shards[shard].name
-                    raise SchemaError(f"{where}: stale index points {key!r} at {info.name!r}")
-                members[suffix] = tar.extractfile(info).read()
-        return decode_sample(key, members)
+        try:
+            with tarfile.open(fileobj=io.BytesIO(span), mode="r:") as tar:
+                for info in tar:
+                    member_key, _, suffix = info.name.partition(".")
+                    if member_key != key:
+                        raise SchemaError(f"{path}: stale index points {key!r} at {info.name!r}")
+                    members[suffix] = tar.extractfile(info).read()
+        except tarfile.TarError as e:
+            raise unreadable_tar(path, key, e) from e
+        return decode_checked(path, key, members)
 
     def get_image(self, dataset: str, image_id: str) -> Sample:
         """The sample of `image_id` in `dataset` (the key is built with schema.make_key)."""

@@ -5,7 +5,7 @@ first): leftover temporary files, missing or mismatching stats and manifest entr
 counts, keys), corrupted samples (per-sample digests), keys repeated within or across shards,
 members that are not regular files or not named `key.field`, undecodable or pickle members, and
 everything `Sample.validate` checks (schema version, required members, dtypes, shapes, NaN/inf,
-boxes inside the image).
+boxes inside the image). `verify_report` also counts the shards and samples it checked.
 """
 
 from __future__ import annotations
@@ -48,11 +48,15 @@ def _file_sha256(path: Path) -> str:
 
 def _load_json(path: Path, problems: list[Problem], shard: str | None) -> dict[str, Any] | None:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         problems.append(Problem(shard, None, f"missing {path.name}"))
     except (OSError, ValueError) as e:
         problems.append(Problem(shard, None, f"unreadable {path.name}: {e}"))
+    else:
+        if isinstance(record, dict):
+            return record
+        problems.append(Problem(shard, None, f"{path.name} is not a JSON object"))
     return None
 
 
@@ -68,7 +72,7 @@ def _check_sample(
         problems.append(Problem(shard, key, "content differs from the digest in the stats file"))
     try:
         sample = decode_sample(key, {name.partition(".")[2]: payload for name, payload in members})
-    except (SchemaError, ValueError, EOFError) as e:
+    except SchemaError as e:
         return problems + [Problem(shard, key, f"cannot decode: {e}")]
     return problems + [Problem(shard, key, message) for message in sample.validate()]
 
@@ -107,8 +111,22 @@ def _read_shard(path: Path, digests: dict[str, str]) -> tuple[list[str], list[Pr
     return keys, problems
 
 
+@dataclass(frozen=True)
+class VerifyReport:
+    """What verify_report checked (shards, samples read) and every problem it found."""
+
+    shards: int
+    samples: int
+    problems: list[Problem]
+
+
 def verify_shards(directory: str | os.PathLike) -> list[Problem]:
     """Every problem of the shard set in `directory` (empty list: the set is sound)."""
+    return verify_report(directory).problems
+
+
+def verify_report(directory: str | os.PathLike) -> VerifyReport:
+    """The shard set in `directory` checked: counts and every problem (see the module docstring)."""
     directory = Path(directory)
     problems: list[Problem] = [
         Problem(p.name, None, "leftover temporary file of an interrupted write")
@@ -151,4 +169,4 @@ def verify_shards(directory: str | os.PathLike) -> list[Problem]:
     if manifest is not None and manifest.get("total") != total:
         message = f"manifest total {manifest.get('total')} != actual {total}"
         problems.append(Problem(None, None, message))
-    return problems
+    return VerifyReport(len(shards), total, problems)

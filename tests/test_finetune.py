@@ -225,6 +225,7 @@ def test_scratch_run_can_start_its_text_stream_from_bert(pretrain_world, tmp_pat
     word = model.encoder.state_dict()["embeddings.word_embeddings.weight"]
     assert torch.equal(word, bert["embeddings.word_embeddings.weight"])
 
+    (tmp_path / "x").mkdir()  # an init that exists: the conflict is the error
     both = sets + [f"init={tmp_path / 'x'}"]
     assert finetune("vqa", tmp_path / "run", both) == 2
     assert "set only one" in capsys.readouterr().err

@@ -5,12 +5,11 @@
 - lxmert.py: LXMERT's Hugging Face and official (`*_LXRT.pth`) names and configs, both ways.
 - visualbert.py: VisualBERT's Hugging Face names and config, both ways.
 - bert.py: `init_text_from_bert`, a BERT checkpoint into any architecture's text stream.
-- common.py: `CheckpointError`, the strict comparison, tied tensors, tensor files.
+- common.py: the strict comparison, tied tensors, tensor files (`CheckpointError` is in model/errors.py).
 Every reader is strict: a CheckpointError lists each missing, unexpected and mis-shaped tensor.
 """
 
 from model.checkpoints.bert import BertInitReport, init_text_from_bert
-from model.checkpoints.common import CheckpointError
 from model.checkpoints.formats import (
     Checkpoint,
     LoadReport,
@@ -21,6 +20,7 @@ from model.checkpoints.formats import (
     save_official,
     save_ours,
 )
+from model.errors import CheckpointError
 
 __all__ = [
     "BertInitReport",

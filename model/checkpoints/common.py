@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import pickle
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,9 +14,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model or the format: every difference is listed by name."""
+from model.errors import CheckpointError
 
 
 def check_state(
@@ -87,7 +87,18 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a refused or broken pickle
-        raise CheckpointError(f"{path}: not a readable torch checkpoint ({err})") from None
+        # torch's message advises weights_only=False, i.e. running the file's code: not passed on
+        found = re.search(r"GLOBAL (\S+)", str(err))
+        if found:
+            raise CheckpointError(
+                f"{path}: refused by torch.load(weights_only=True): it holds global "
+                f"{found.group(1)}; a checkpoint holds only tensors, so this file is not one (or "
+                "is malicious)"
+            ) from None
+        reason = ("no pickle torch.load(weights_only=True) reads"
+                  if isinstance(err, pickle.UnpicklingError)
+                  else " ".join(str(err).split()) or type(err).__name__)
+        raise CheckpointError(f"{path}: not a readable torch checkpoint ({reason})") from None
     if not isinstance(state, Mapping):
         raise CheckpointError(
             f"{path}: expected a flat dict of tensors, found {type(state).__name__}"

@@ -6,6 +6,7 @@ import argparse
 
 from pipeline.bench import model, pretrain
 from pipeline.common.arguments import Actions
+from pipeline.extract.command import add_weights_args
 
 HELP = "benchmarks"
 DESCRIPTION = "Measure extraction, pretraining and model training speed on this machine."
@@ -34,7 +35,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     extract.add_argument(
         "--precisions", default="fp32", help="comma-separated: fp32, bf16, fp16 (GPU only)"
     )
-    extract.add_argument("--weights", help="detector checkpoint (default: random init)")
+    add_weights_args(extract)
     extract.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     extract.add_argument(
         "--ray", action="store_true", help="also run the Ray engine (a local Ray; actors, "

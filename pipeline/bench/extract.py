@@ -25,6 +25,7 @@ from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.common.config import ConfigError
 from pipeline.common.devices import pick_device
 from pipeline.datasets import ImageRef, list_images
+from pipeline.extract.command import chosen_weights
 from pipeline.extract.config import ExtractJobConfig, resolve_job
 from pipeline.extract.job import extract_refs
 from pipeline.extract.output import Tally
@@ -81,6 +82,7 @@ def same_samples(a: Path, b: Path) -> bool:
 
 
 def bench_extract(args) -> list[dict]:
+    weights = chosen_weights(args)
     folder = Path(args.images) if args.images else SAMPLE_IMAGES
     refs = bench_refs(folder, args.num_images)
     engines = ("local", "ray") if args.ray else ("local",)
@@ -97,7 +99,7 @@ def bench_extract(args) -> list[dict]:
                 for engine in engines:
                     run = dataclasses.replace(job.run, engine=engine)
                     engine_job = dataclasses.replace(job, run=run)
-                    rows.append(run_engine(engine_job, refs, Path(tmp) / engine, args.weights))
+                    rows.append(run_engine(engine_job, refs, Path(tmp) / engine, weights))
                 if args.ray:
                     local, ray = rows[-2:]
                     ray["overhead"] = 1 - ray["images_per_s"] / local["images_per_s"]

@@ -1,9 +1,13 @@
-"""Command-line arguments every verb shares: --config / --set, and a verb's actions
-(`pipeline corpus build`, `pipeline shards verify`, ...)."""
+"""Command-line arguments every verb shares: --config / --set, a verb's actions
+(`pipeline corpus build`, `pipeline shards verify`, ...), and the check of an --out directory."""
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
+
+from pipeline.common.config import ConfigError
 
 
 def formatter_for(description: str) -> type[argparse.HelpFormatter]:
@@ -44,3 +48,15 @@ class Actions:
         if config:
             add_config_args(parser)
         return parser
+
+
+def writable_dir(path: str | Path) -> Path:
+    """The --out directory `path`, created if needed and written to once (a file made and removed):
+    a read-only place is one ConfigError here, not a traceback later (from a Ray worker, say)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as err:
+        raise ConfigError(f"--out {path}: cannot write there ({err.strerror})") from None
+    return path

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+import re
 import types
 import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -76,6 +79,9 @@ def merge(config: T, values: dict, prefix: str = "") -> T:
     except ConfigError:
         raise
     except (ValueError, TypeError) as err:
+        # A section's own check names its field ("depth = 19: ..."): say where it sits.
+        if prefix and re.match(r"\w+ = ", str(err)):
+            raise ConfigError(f"{prefix}{err}") from err
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: {err}") from err
 
 
@@ -85,6 +91,34 @@ def set_path(config: T, path: list[str], value: Any) -> T:
     for key in reversed(path):
         nested = {key: nested}
     return merge(config, nested)
+
+
+def absolute_paths(config: T, fields: Sequence[str]) -> T:
+    """A copy of `config` whose dotted `fields` (each a path or a tuple of paths; "" is unset) are
+    absolute, read against this process's working directory: Ray workers run in another one.
+    ConfigError names the first path that does not exist."""
+    for name in fields:
+        value: Any = config
+        for key in name.split("."):
+            value = getattr(value, key)
+        paths = [value] if isinstance(value, str) else list(value)
+        for path in paths:
+            if path and not os.path.exists(path):
+                where = "" if os.path.isabs(path) else f" (looked in {os.getcwd()})"
+                raise ConfigError(f"{name}: {path} does not exist{where}")
+        paths = [os.path.abspath(path) if path else path for path in paths]
+        config = set_path(config, name.split("."), paths[0] if isinstance(value, str) else paths)
+    return config
+
+
+def check_positive(config: Any, section: str, *names: str, allow_zero: bool = False) -> None:
+    """ConfigError naming the first field of `names` (of `config`, the tree's `section`) that is
+    not > 0 (with `allow_zero`: not >= 0), e.g. "optim.lr = -1.0: must be positive"; None passes."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None and (value < 0 if allow_zero else value <= 0):
+            rule = "must be >= 0" if allow_zero else "must be positive"
+            raise ConfigError(f"{section}.{name} = {value}: {rule}")
 
 
 def to_dict(config: Any) -> dict:

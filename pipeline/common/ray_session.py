@@ -1,20 +1,38 @@
 """The Ray session of a run: join a cluster, or start a local Ray for the run and stop it after.
 
 Ray is imported only here and in the engines that call it, so the rest of the project (and the
-libraries) work without Ray installed.
+libraries) work without Ray installed. The session says on stderr what it starts and how long
+that took (a local Ray: about 10 s on an idle machine, far longer on a loaded one). Ray's own
+logs stay in its session directory (/tmp/ray/session_latest/logs) unless `ray_logs` asks for them:
+for a run that works they are noise, e.g. Ray Train's placement group cleaner polls the State API,
+which needs the dashboard we do not start, and prints a traceback when another Ray runs here.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
+import time
 from contextlib import contextmanager
+
+from tqdm import tqdm
+
+
+class RayStartError(RuntimeError):
+    """Ray did not start here, or its cluster could not be joined."""
 
 
 @contextmanager
-def ray_session(address: str | None, *, log_to_driver: bool = False):
+def ray_session(address: str | None, *, without_ray: str, forward: str | None = None,
+                ray_logs: bool = False):
     """Join the cluster at `address`, or start a fresh local Ray for this run; shut down after.
-    log_to_driver: show the workers' output here (training's progress bar and messages)."""
+
+    without_ray: how to run the same command without Ray (a start-up failure's hint).
+    forward: the actor class whose output is printed here (Ray Train's "RayTrainWorker": the
+    training's progress bar and messages); ray_logs: print every Ray process's output and Ray's
+    own logs too. Raises RayStartError when `ray.init` fails.
+    """
     if address is None:
         # The embedded Ray's workers run here with this interpreter. Ray's `uv run` hook would
         # start each of them through `uv run` and upload the working directory (the hook is read
@@ -24,13 +42,47 @@ def ray_session(address: str | None, *, log_to_driver: bool = False):
         os.environ.setdefault("RAY_worker_niceness", "0")
     import ray
 
-    # Ray's own actors log warnings that are noise here (e.g. its placement group cleaner polls
-    # the State API, which needs the dashboard we do not start): keep their errors only.
-    ray.init(
-        address=address or "local", include_dashboard=False, log_to_driver=log_to_driver,
-        logging_level=logging.ERROR, logging_config=ray.LoggingConfig(log_level="ERROR"),
-    )
+    what = f"the cluster at {address}" if address else "a local Ray"
+    _say(f"{'joining' if address else 'starting'} {what}...")
+    start = time.perf_counter()
+    quiet = {} if ray_logs else {
+        "logging_level": logging.ERROR, "logging_config": ray.LoggingConfig(log_level="ERROR")
+    }
+    try:
+        ray.init(address=address or "local", include_dashboard=False,
+                 log_to_driver=ray_logs or forward is not None, **quiet)
+    except Exception as err:  # Ray raises plain Exceptions, e.g. "node timed out during startup"
+        ray.shutdown()
+        hint = ("check the address and that this machine reaches it" if address else
+                "check free memory and free space in /tmp (Ray's object store and logs)")
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise RayStartError(
+            f"could not start {what}: {reason}; {hint}, or run without Ray: {without_ray}"
+        ) from err
+    resources = ray.cluster_resources()
+    _say(f"{what} is up after {time.perf_counter() - start:.1f} s "
+         f"({resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)")
+    if forward is not None and not ray_logs:
+        _forward_only(forward)
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+def _say(message: str) -> None:
+    tqdm.write(f"ray: {message}", file=sys.stderr)  # above a progress bar, if one is drawn
+
+
+def _forward_only(actor_class: str) -> None:
+    """Print the output of `actor_class`'s actors only, not that of Ray's own (Ray Train's
+    controller and helpers: resource requests, C++ error lines about their constructor arguments,
+    the cleaner's traceback). Ray has no public hook for this: we wrap the handler that ray.init
+    registers (tests/test_ray_startup.py checks that the workers' output still comes through)."""
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    (print_logs,) = [handler for name, handler in dispatcher.handlers if name == "ray_print_logs"]
+    dispatcher.remove_handler("ray_print_logs")
+    dispatcher.add_handler(
+        "ray_print_logs", lambda data: data.get("actor_name") == actor_class and print_logs(data)
+    )

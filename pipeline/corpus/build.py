@@ -62,11 +62,16 @@ def active_sources(config: CorpusConfig) -> tuple[list[str], list[str]]:
     return active, notes
 
 
-def _check_out(out: Path) -> None:
-    """Refuse an --out that holds something other than an earlier corpus."""
-    if out.exists() and (not out.is_dir() or
-                         (any(out.iterdir()) and not (out / "corpus.yaml").is_file())):
+def _check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an --out that holds something other than an earlier corpus, and an earlier corpus
+    unless `overwrite`."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        return
+    if not (out / "corpus.yaml").is_file():
         raise CorpusError(f"{out}: exists and is not a corpus directory (no corpus.yaml); "
+                          "choose another --out")
+    if not overwrite:
+        raise CorpusError(f"{out}: holds a corpus already; pass --overwrite to replace it, or "
                           "choose another --out")
 
 
@@ -217,12 +222,13 @@ def _move_into_place(partial: Path, out: Path) -> None:
         partial.rename(out)
 
 
-def build_corpus(config: CorpusConfig, out: str | Path, *, progress: bool = True,
-                 echo: Callable[[str], None] = print) -> dict:
-    """Build the corpus of `config` into `out` (replacing an earlier corpus there); returns the
-    stats (stats.json). Notes (skipped sources, a small val2014) go to `echo`."""
+def build_corpus(config: CorpusConfig, out: str | Path, *, overwrite: bool = False,
+                 progress: bool = True, echo: Callable[[str], None] = print) -> dict:
+    """Build the corpus of `config` into `out` (replacing an earlier corpus there only with
+    `overwrite`); returns the stats (stats.json). Notes (skipped sources, a small val2014) go to
+    `echo`."""
     out = Path(out)
-    _check_out(out)
+    _check_out(out, overwrite)
     sources, notes = active_sources(config)
     if not sources:
         raise CorpusError("no source has files configured: set the annotation paths of at "

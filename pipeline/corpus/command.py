@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -29,21 +28,19 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--out", required=True, metavar="DIR", help="corpus directory")
     build.add_argument("--root", metavar="DIR", help="folder the config's relative paths are "
                        "read against (replaces the config's root)")
+    build.add_argument("--overwrite", action="store_true",
+                       help="replace the corpus that --out holds already")
 
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.corpus.build import build_corpus
-    from pipeline.corpus.config import CorpusConfig, CorpusError
+    from pipeline.corpus.config import CorpusConfig
     from pipeline.corpus.stats import format_table
 
     config = resolve(CorpusConfig(), args.config, args.sets)
     if args.root is not None:
         config = replace(config, root=args.root)
-    try:
-        stats = build_corpus(config, Path(args.out))
-    except CorpusError as err:
-        print(f"pipeline corpus build: {err}", file=sys.stderr)
-        return 2
+    stats = build_corpus(config, Path(args.out), overwrite=args.overwrite)
     print(format_table(stats))
     print(f"corpus written to {args.out}")
     return 0

@@ -116,7 +116,7 @@ def read_vqa(questions_path: Path, annotations_path: Path, *, progress: bool = F
         raw = _field(annotations_path, ann, ["answers"], list, where)
         answers[qid] = [_field(annotations_path, a, ["answer"], str, f"{where}.answers[{j}]")
                         for j, a in enumerate(raw)]
-    image_ids, texts = [], []
+    image_ids, texts, asked = [], [], set()
     for i, q in enumerate(_bar(questions, questions_path, progress, "question")):
         where = f"questions[{i}]"
         qid = _field(questions_path, q, ["question_id"], int, where)
@@ -125,9 +125,14 @@ def read_vqa(questions_path: Path, annotations_path: Path, *, progress: bool = F
         if qid not in answers:
             raise CorpusError(f"{annotations_path}: no annotation for question {qid} of "
                               f"{questions_path.name}")
+        asked.add(qid)
         image_ids.append(image_id)
         if text:
             texts.append(Text("coco", image_id, text, vqa_scores(answers[qid])))
+    unasked = sorted(set(answers) - asked)
+    if unasked:  # the two files of different subsets, or one edited
+        raise CorpusError(f"{annotations_path}: annotates question {unasked[0]}, which is not in "
+                          f"{questions_path} ({len(unasked)} such annotation(s))")
     return image_ids, texts
 
 

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from pipeline.common.arguments import add_config_args
-from pipeline.datasets import READERS
+from pipeline.common.config import ConfigError
+from pipeline.datasets import READERS, DatasetError
 
 HELP = "detect regions and write feature shards"
 DESCRIPTION = (
@@ -27,12 +28,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--root", required=True, help="dataset root directory (for --dataset list: the list file)"
     )
-    parser.add_argument("--out", required=True, help="output directory for the shards")
     parser.add_argument(
-        "--weights",
-        help="detector checkpoint: detectron2 .pkl, Hugging Face pytorch_model.bin or our "
-        ".safetensors (default: random initialisation, for testing only)",
+        "--out", required=True, help="output directory for the shards (new, empty, or an earlier "
+        "extraction's to resume)"
     )
+    add_weights_args(parser)
     parser.add_argument(
         "--preset",
         choices=["caffe", "lxmert", "pb-demo", "hf-demo"],
@@ -81,22 +81,53 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser)
 
 
+def add_weights_args(parser: argparse.ArgumentParser) -> None:
+    """--weights FILE or --random-weights: a detector is never random unless asked for."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--weights",
+        help="detector checkpoint: detectron2 .pkl, Hugging Face pytorch_model.bin or our "
+        ".safetensors",
+    )
+    group.add_argument(
+        "--random-weights", action="store_true",
+        help="instead, a randomly initialised detector (from run.seed): features that mean "
+        "nothing, for tests and timing",
+    )
+
+
+def chosen_weights(args: argparse.Namespace) -> str | None:
+    """The --weights file, or None for --random-weights; ConfigError when neither is given."""
+    if args.weights is None and not args.random_weights:
+        raise ConfigError(
+            "no detector weights: pass --weights FILE (a detector checkpoint), or "
+            "--random-weights for a random detector whose features mean nothing (tests, timing)"
+        )
+    return args.weights
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeline.extract.config import load_given_boxes, resolve_job
     from pipeline.extract.job import extract_dataset
-    from pipeline.extract.output import format_summary
+    from pipeline.extract.output import check_output_dir, format_summary
 
+    weights = chosen_weights(args)
     job = resolve_job(
         args.config, args.sets, args.preset, args.boxes, args.device, engine=args.engine,
         batch_size=args.batch_size, actors=args.actors, gpus_per_actor=args.gpus_per_actor,
         decoders=args.decoders,
     )
     given = load_given_boxes(args.given_boxes) if args.given_boxes else None
+    check_output_dir(Path(args.out))
     tally = extract_dataset(
-        job, args.dataset, args.root, args.out, args.weights, given, address=args.address
+        job, args.dataset, args.root, args.out, weights, given, address=args.address
     )
     print(format_summary(tally, Path(args.out)))
     failures = sum(tally.failed.values())
     if failures:
         print(f"  each image's outcome and error is in its shard's *_status.json under {args.out}")
+    if failures and not tally.ok and not tally.skipped_images:
+        raise DatasetError(
+            f"no image of {args.root} was extracted: all {failures} failed (the reasons above)"
+        )
     return 1 if (args.strict and failures) else 0

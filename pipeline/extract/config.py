@@ -13,7 +13,14 @@ import numpy as np
 import torch
 
 from extractor.config import PRESETS, ExtractorConfig
-from pipeline.common.config import ConfigError, load_yaml, parse_sets, resolve, to_dict
+from pipeline.common.config import (
+    ConfigError,
+    check_positive,
+    load_yaml,
+    parse_sets,
+    resolve,
+    to_dict,
+)
 
 Engine = Literal["ray", "local"]
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -106,7 +113,16 @@ def resolve_job(
     if boxes is not None:
         job = dataclasses.replace(job, selection=dataclasses.replace(job.selection, mode=boxes))
     given = {k: v for k, v in {"device": device, **run_flags}.items() if v is not None}
-    return dataclasses.replace(job, run=dataclasses.replace(job.run, **given))
+    return check_job(dataclasses.replace(job, run=dataclasses.replace(job.run, **given)))
+
+
+def check_job(job: ExtractJobConfig) -> ExtractJobConfig:
+    """`job` if its run and output values can run; else a ConfigError naming the key (the
+    detector, preprocessing and selection sections check themselves)."""
+    check_positive(job.run, "run", "batch_size", "decode_threads", "actors", "decoders")
+    check_positive(job.run, "run", "gpus_per_actor", allow_zero=True)
+    check_positive(job.output, "output", "shard_size")
+    return job
 
 
 def load_given_boxes(path: str) -> dict[str, np.ndarray]:

@@ -14,22 +14,32 @@ from pipeline.common.devices import pick_device
 from pipeline.extract.config import AUTOCAST, ExtractJobConfig
 
 
+def load_detector(job: ExtractJobConfig, weights: str | None) -> BUTDDetector:
+    """The run's detector on the CPU: the checkpoint `weights` loaded strictly (WeightsError if it
+    does not fit), or, for None, random weights drawn from `run.seed`."""
+    if weights and not Path(weights).is_file():
+        raise ConfigError(f"weights file {weights} does not exist")
+    torch.manual_seed(job.run.seed)
+    model = BUTDDetector(job.detector)
+    if weights:
+        load_detector_weights(model, weights)
+    return model
+
+
 def detector_record(
     job: ExtractJobConfig, weights: str | None, model: BUTDDetector | None = None
 ) -> dict:
     """{"name", "config_hash", "weights_hash"}, stored in every sample's metadata.
 
-    weights_hash: the checkpoint file's sha256; for a random-init detector, the hash of the
-    tensors of `model`, or of the model that `run.seed` gives when `model` is None.
+    model: the run's detector (`load_detector`); None loads it here, so that on the Ray engine's
+    driver a checkpoint that does not fit stops the run before any actor starts.
+    weights_hash: the checkpoint file's sha256; for a random-init detector, the hash of its tensors.
     """
+    if model is None:
+        model = load_detector(job, weights)
     if weights:
-        if not Path(weights).is_file():
-            raise ConfigError(f"weights file {weights} does not exist")
         name, digest = Path(weights).name, weights_hash(weights)
     else:
-        if model is None:
-            torch.manual_seed(job.run.seed)
-            model = BUTDDetector(job.detector)
         name, digest = "random-init", weights_hash(model)
     return {"name": name, "config_hash": job.extractor_config().digest(), "weights_hash": digest}
 
@@ -38,11 +48,8 @@ def build_extractor(
     job: ExtractJobConfig, weights: str | None, device: str | None = None
 ) -> tuple[Extractor, dict]:
     """The Extractor for `job` on `device` (default job.run.device) and its detector record."""
-    torch.manual_seed(job.run.seed)
-    model = BUTDDetector(job.detector)
+    model = load_detector(job, weights)
     detector = detector_record(job, weights, model)
-    if weights:
-        load_detector_weights(model, weights)
     device = pick_device(device or job.run.device)
     autocast = AUTOCAST[job.run.precision] if device.type == "cuda" else None
     extractor = Extractor(job.extractor_config(), model, device=device, autocast_dtype=autocast)

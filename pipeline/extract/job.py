@@ -45,7 +45,8 @@ def extract_dataset(
     address: str | None = None,
 ) -> Tally:
     """Extract every image of `dataset` under `root` into shards in `out_dir` (resumable)."""
-    record = {"dataset": dataset, "root": str(Path(root).resolve())}
+    root = str(Path(root).resolve())  # the images' paths then mean the same to Ray's workers
+    record = {"dataset": dataset, "root": root}
     refs = list_images(dataset, root)
     return extract_refs(job, refs, record, out_dir, weights, given_boxes, show_progress, address)
 
@@ -70,14 +71,15 @@ def extract_refs(
     if address is not None and job.run.engine != "ray":
         raise ConfigError("--address joins a Ray cluster; it needs --engine ray")
     plan = plan_shards(refs, job.output.shard_size)
+    # The detector first: weights that do not fit stop the run before --out is created.
+    if job.run.engine == "local":
+        extractor, detector = build_extractor(job, weights)
+    else:
+        detector = detector_record(job, weights)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tally = Tally()
     with OutputLock(out_dir):
-        if job.run.engine == "local":
-            extractor, detector = build_extractor(job, weights)
-        else:
-            detector = detector_record(job, weights)
         save_job_config(out_dir, record | {"detector": detector, "config": job.sample_config()})
         done = completed_shards(out_dir)
         todo = [(name, shard_refs) for name, shard_refs in plan if name not in done]

@@ -18,7 +18,9 @@ import fcntl
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -29,11 +31,32 @@ from pipeline.extract.config import ExtractJobConfig
 from pipeline.extract.plan import Unit
 from pipeline.extract.steps import Prepared
 from shards.schema import build_sample
-from shards.writer import ShardWriter, write_json_atomic
+from shards.writer import MANIFEST_NAME, STATS_SUFFIX, ShardWriter, write_json_atomic
 
 CONFIG_NAME = "extract_config.yaml"
 LOG_NAME = "extract.log"
 STATUS_SUFFIX = "_status.json"
+# Every name a run writes (above; `.*.tmp`: a shard or JSON file before its rename).
+OUTPUT_NAMES = (CONFIG_NAME, LOG_NAME, ".lock", MANIFEST_NAME, "*.tar", f"*{STATUS_SUFFIX}",
+                f"*{STATS_SUFFIX}", ".*.tmp")
+
+
+def check_output_dir(out_dir: Path) -> None:
+    """Refuse an output directory that holds what no extraction writes (a training run, images):
+    shards are written only into a new, an empty or an earlier extraction's directory."""
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file, not a directory")
+    foreign = sorted(
+        p.name for p in out_dir.iterdir()
+        if p.is_dir() or not any(fnmatch(p.name, pattern) for pattern in OUTPUT_NAMES)
+    )
+    if foreign:
+        raise ConfigError(
+            f"--out {out_dir} holds {len(foreign)} entries no extraction writes (e.g. "
+            f"{', '.join(foreign[:3])}); choose a new or empty directory"
+        )
 
 
 class OutputLock:
@@ -57,7 +80,8 @@ class OutputLock:
 
 
 def save_job_config(out_dir: Path, record: dict) -> None:
-    """Write `record` (dataset, root, detector, config); refuse a directory made with another one.
+    """Write `record` (dataset, root, detector, config); refuse a directory made with another one,
+    naming each differing key with its old and new value.
 
     Everything but `root` must match, so moving the dataset is allowed, changing what the samples
     hold is not.
@@ -65,13 +89,26 @@ def save_job_config(out_dir: Path, record: dict) -> None:
     path = out_dir / CONFIG_NAME
     if path.exists():
         previous = yaml.safe_load(path.read_text())
-        if any(previous.get(key) != record[key] for key in ("dataset", "detector", "config")):
+        keys = ("dataset", "detector", "config")
+        changes = _differences({k: previous.get(k) for k in keys}, {k: record[k] for k in keys})
+        if changes:
+            listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changes.items())
             raise ConfigError(
-                f"{out_dir} holds shards made with a different config, detector or dataset "
-                f"(see {path}); use a new --out directory (or remove the old shards)"
+                f"{out_dir} holds shards made with other settings ({path}): {listed}; use a new "
+                "--out directory (or remove the old shards)"
             )
         return
     path.write_text(yaml.safe_dump(record, sort_keys=False))
+
+
+def _differences(old: Any, new: Any, key: str = "") -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old, new) for every leaf where two nested mappings differ."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return {} if old == new else {key: (old, new)}
+    found = {}
+    for name in [*old, *(n for n in new if n not in old)]:
+        found |= _differences(old.get(name), new.get(name), f"{key}.{name}" if key else name)
+    return found
 
 
 class ExtractLog:

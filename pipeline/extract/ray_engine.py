@@ -142,7 +142,7 @@ class RayEngine:
         if not units:
             return
         start = time.perf_counter()
-        with ray_session(self.address) as ray:
+        with ray_session(self.address, without_ray="--engine local") as ray:
             sink.tally.seconds["ray_start"] += time.perf_counter() - start
             layout = plan_layout(self.job.run, ray.cluster_resources())
             sink.log.write(f"ray: {layout}, cluster {ray.cluster_resources()}")

@@ -61,16 +61,22 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from shards.verify import verify_shards
+    from shards.verify import verify_report
 
     resolve(NoOptions(), args.config, args.sets)
     if not Path(args.dir).is_dir():
         raise ConfigError(f"{args.dir} is not a directory")
-    problems = verify_shards(args.dir)
-    for problem in problems:
-        print(problem)
-    print(f"{args.dir}: {len(problems)} problem(s)")
-    return 1 if problems else 0
+    directory = Path(args.dir)
+    report = verify_report(directory)
+    for problem in report.problems:  # DIR/SHARD.tar/KEY: message, or DIR: message
+        print(f"{directory}/{problem}" if problem.shard else f"{directory}: {problem.message}")
+    print(f"{directory}: checked {_count(report.shards, 'shard')}, "
+          f"{_count(report.samples, 'sample')}: {_count(len(report.problems), 'problem')}")
+    return 1 if report.problems else 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _import(args: argparse.Namespace) -> int:

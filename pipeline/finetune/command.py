@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pipeline.common.arguments import writable_dir
 from pipeline.common.config import ConfigError
 from pipeline.finetune.examples import TASKS
 from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
@@ -38,7 +39,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.finetune.config import load_config
-    from pipeline.finetune.job import finetune_job
+    from pipeline.finetune.job import finetune_job, prepare_finetune
 
     sets = run_sets(args)
     if args.init is not None:
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.task, run_config_path(args, "finetune"), sets)
     if not config.data.root or not config.data.shards:
         raise ConfigError("set data.root (the task's released files) and data.shards")
-    train(finetune_job, config, args)
+    writable_dir(args.out)
+    train(finetune_job, prepare_finetune(config), args)
     out = args.out
     print(f"run directory: {out}; submission files: pipeline predict {args.task} --run {out} ...")
     return 0

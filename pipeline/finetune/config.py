@@ -122,6 +122,11 @@ def load_config(
     """`task`'s defaults, then the YAML file, then `--set` overrides."""
     sets = list(sets or [])
     values = load_yaml(path) if path is not None else {}
+    if "objective" in values:  # e.g. --resume on a pretrain run's directory
+        raise ConfigError(
+            f"{path} is the config of a pretrain run (it has an 'objective' section), not of a "
+            "finetune run; fine-tune from a pretrain run with --from RUN/checkpoints/step_N/model"
+        )
     if values.get("task", task) != task:
         raise ConfigError(f"{path} is a {values['task']} config, not {task}")
     base = default_config(task, _picked(values, sets, "arch", "lxmert"))

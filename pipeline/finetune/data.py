@@ -70,8 +70,10 @@ def task_examples(task: str, data: TaskDataConfig) -> tuple[list[Example], list[
 
 
 class Features:
-    """Samples by key over several shard directories. The most recently used samples stay decoded
-    in memory up to `cache_bytes` of arrays (least recently used dropped first)."""
+    """Samples by key over several shard directories, validated as pretraining's are (a corrupt
+    sample raises SchemaError naming its shard and key: FeatureStore). The most recently used
+    samples stay decoded in memory up to `cache_bytes` of arrays (least recently used dropped
+    first)."""
 
     def __init__(self, stores: list[FeatureStore], cache_bytes: int = 0) -> None:
         self.stores, self.cache_bytes = stores, cache_bytes

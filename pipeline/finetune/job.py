@@ -5,7 +5,7 @@ From an LXMERT pretraining checkpoint with a QA head, VQA and GQA start their an
 as the official `load_lxmert_qa` does: the hidden layers are copied, and the classifier rows of
 task answers found in the pretraining answer table (`init_answers`) are copied while every other
 row starts at zero. The answer vocabulary is written to the run directory (answers.json) for
-`pipeline predict`.
+`pipeline predict`. `prepare_finetune` checks a run's config before its workers start.
 """
 
 from __future__ import annotations
@@ -21,17 +21,42 @@ from model.archs import ARCHS
 from model.checkpoints.formats import load_checkpoint
 from model.lxmert import LxmertForPreTraining
 from model.tasks import AnswerModel, PairModel, TaskModel
-from pipeline.common.config import ConfigError
+from pipeline.common.config import ConfigError, absolute_paths
 from pipeline.common.devices import pick_device, set_threads
 from pipeline.common.text import load_tokenizer
 from pipeline.corpus.read import load_answers
 from pipeline.finetune.answers import AnswerVocab, build_gqa_vocab, build_vqa_vocab, lxmert_head_rows
 from pipeline.finetune.config import FinetuneConfig, config_from_dict
 from pipeline.finetune.data import EvalStream, Features, TaskStream, task_examples
+from pipeline.finetune.examples import Example
 from pipeline.finetune.objective import task_objective
 from pipeline.train.job import Job
+from pipeline.train.loop import count_steps
 
 ANSWERS_FILE = "answers.json"
+# The config's files and directories, made absolute before the run starts.
+PATHS = ("init", "init_answers", "data.root", "data.holdout", "data.shards", "data.answers",
+         "data.tokenizer", "run.init_text")
+
+
+def prepare_finetune(config: FinetuneConfig) -> FinetuneConfig:
+    """`config` with its paths absolute; ConfigError names a missing one. A run on Ray workers
+    also reads its examples here, so that a task without examples or a training step fails before
+    Ray starts (the examples are read twice)."""
+    config = absolute_paths(config, PATHS)
+    if config.run.workers > 0:
+        features, train, _ = task_data(config)
+        count_steps(TaskStream(train, features, batch_size=config.micro_batch, rank=0,
+                               world_size=config.run.workers, seed=config.run.seed), config)
+    return config
+
+
+def task_data(config: FinetuneConfig) -> tuple[Features, list[Example], list[Example]]:
+    """The run's features and its training and validation examples that have them."""
+    features = Features.open(config.data.shards, config.data.cache_mb)
+    train, val = task_examples(config.task, config.data)
+    return (features, features.keep_present(train, "training"),
+            features.keep_present(val, "validation"))
 
 
 def _encoder(config: FinetuneConfig, *, vocab_size: int, feature_dim: int, rank: int):
@@ -115,10 +140,7 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
     set_threads(config.run.threads_per_worker, world)
     data = config.data
     tokenizer = load_tokenizer(data.tokenizer or None)
-    features = Features.open(data.shards, data.cache_mb)
-    train, val = task_examples(config.task, data)
-    train = features.keep_present(train, "training")
-    val = features.keep_present(val, "validation")
+    features, train, val = task_data(config)
     feature_dim = int(features[train[0].images[0]].meta["feature_dim"])
     vocab = None if config.task == "nlvr2" else answer_vocab(config, train)
     torch.manual_seed(config.run.seed)

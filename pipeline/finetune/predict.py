@@ -43,11 +43,19 @@ class RunModel:
 def load_run_model(run_dir: Path, checkpoint: Path | None = None, *,
                    task: str | None = None) -> RunModel:
     """The run in `run_dir` (config.yaml, answers.json) with the weights of `checkpoint`
-    (default: the latest); with `task`, a run of another task is an error."""
+    (default: the latest); with `task`, a run of another task is an error, and so are weights
+    that hold NaN or inf."""
     saved = run_dir / "config.yaml"
     if not saved.is_file():
         raise TaskDataError(f"{saved}: not found ({run_dir} is not a `pipeline finetune` run)")
-    config = config_from_dict(yaml.safe_load(saved.read_text()))
+    values = yaml.safe_load(saved.read_text())
+    if isinstance(values, dict) and "objective" in values:
+        raise TaskDataError(
+            f"{run_dir} is a pretrain run (its config has an 'objective' section): predict needs a "
+            f"finetune run; fine-tune it first: pipeline finetune TASK --from "
+            f"{run_dir}/checkpoints/step_N/model"
+        )
+    config = config_from_dict(values)
     if task is not None and config.task != task:
         raise TaskDataError(f"{run_dir} fine-tuned {config.task}, not {task}")
     ckpt = checkpoint or latest_checkpoint(run_dir)
@@ -59,6 +67,14 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None, *,
     model, _ = build_task_model(config, vocab=vocab, vocab_size=tokenizer.vocab_size,
                                 feature_dim=config.model.visual_feat_dim)
     model.load_state_dict(load_state(ckpt)["model"])
+    # A diverged run's NaN weights answer every question with the same answer, silently.
+    broken = [name for name, value in model.state_dict().items()
+              if value.is_floating_point() and not torch.isfinite(value).all()]
+    if broken:
+        raise TaskDataError(
+            f"{ckpt}: {len(broken)} weight tensors hold NaN or inf (first: {broken[0]}); the run "
+            "diverged: pick an earlier --checkpoint or fine-tune again with a lower optim.lr"
+        )
     model.eval()
     objective = task_objective(tokenizer, vocab, config.data)
     return RunModel(config=config, model=model, vocab=vocab, objective=objective)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from pipeline.common.arguments import writable_dir
 from pipeline.common.config import ConfigError
 from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
 
@@ -34,11 +35,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeline.pretrain.config import load_config
-    from pipeline.pretrain.job import pretrain_job
+    from pipeline.pretrain.job import prepare_pretrain, pretrain_job
 
     config = load_config(run_config_path(args, "pretrain"), run_sets(args))
     if not config.data.corpus or not config.data.shards:
         raise ConfigError("set data.corpus (a `pipeline corpus build` directory) and data.shards")
-    train(pretrain_job, config, args)
+    writable_dir(args.out)
+    train(pretrain_job, prepare_pretrain(config), args)
     print(f"run directory: {args.out} (metrics.jsonl, loss_curves.png, checkpoints/)")
     return 0

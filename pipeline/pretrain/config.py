@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from model.archs import ARCHS
-from pipeline.common.config import load_yaml, merge, parse_sets, resolve
+from pipeline.common.config import ConfigError, load_yaml, merge, parse_sets, resolve
 from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.config import (
     OptimConfig, RunConfig, check_arch, check_schedule, micro_batch,
@@ -95,6 +95,11 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None) -
     """The config of a YAML file (None: LXMERT's defaults) with `--set` overrides applied."""
     sets = list(sets or [])
     values = load_yaml(path) if path is not None else {}
+    if "task" in values:  # e.g. --resume on a finetune run's directory
+        raise ConfigError(
+            f"{path} is the config of a finetune run (it has a 'task' key), not of a pretrain run; "
+            f"resume it with `pipeline finetune {values['task']} --resume`"
+        )
     return resolve(default_config(_arch_of(values, sets)), path, sets).check()
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import random
-import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
@@ -53,9 +52,9 @@ from pipeline.corpus.config import CorpusError
 from pipeline.corpus.pairs import Pair
 from pipeline.corpus.read import load_pairs
 from shards.reader import (
-    has_end_marker, read_selected, shuffle_buffer, shuffle_shards, split_by_node,
+    decode_checked, read_selected, shuffle_buffer, shuffle_shards, split_by_node,
 )
-from shards.schema import Sample, SchemaError, decode_sample
+from shards.schema import Sample, SchemaError
 from shards.store import scan_shard
 
 Row = tuple[Pair, Sample]
@@ -63,7 +62,7 @@ Row = tuple[Pair, Sample]
 _EXAMPLES = 5
 
 
-class JoinError(ValueError):
+class JoinError(CorpusError):
     """Corpus and shards that cannot be joined, or a stream configuration that cannot work."""
 
 
@@ -162,13 +161,8 @@ def _join(
 def _scan_keys(path: Path) -> Iterator[str]:
     if not path.is_file():
         raise JoinError(f"{path}: no such shard")
-    if not has_end_marker(path):
-        raise SchemaError(f"{path}: truncated tar (no end-of-archive blocks)")
-    try:
-        for key, _, _ in scan_shard(path):
-            yield key
-    except tarfile.TarError as e:
-        raise SchemaError(f"{path}: unreadable tar ({e})") from e
+    for key, _, _ in scan_shard(path):
+        yield key
 
 
 # Pipeline steps. A sample is None where the caller does not need it (resume, validation slices).
@@ -193,21 +187,14 @@ def joined_members(
 def decode_joined(
     groups: Iterable[tuple[Path, str, dict[str, bytes] | None]], max_boxes: int | None
 ) -> Iterator[tuple[str, Sample | None]]:
-    """(key, Sample) per group: decoded without pickles, validated, cut to the first max_boxes
-    regions (shards store the best-ranked first). A corrupt sample raises SchemaError naming its
-    shard file and key."""
+    """(key, Sample) per group: decoded without pickles, validated (shards.reader.decode_checked),
+    cut to the first max_boxes regions (shards store the best-ranked first). A corrupt sample
+    raises SchemaError naming its shard file and key."""
     for path, key, members in groups:
         if members is None:
             yield key, None
             continue
-        try:
-            sample = decode_sample(key, members)
-            problems = sample.validate()
-        except (SchemaError, ValueError) as e:
-            raise SchemaError(f"{path}: sample {key!r} is corrupt: {e}") from e
-        if problems:
-            raise SchemaError(f"{path}: sample {key!r} is corrupt: " + "; ".join(problems))
-        yield key, _keep_boxes(sample, max_boxes)
+        yield key, _keep_boxes(decode_checked(path, key, members), max_boxes)
 
 
 def _keep_boxes(sample: Sample, max_boxes: int | None) -> Sample:

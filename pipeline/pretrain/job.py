@@ -1,5 +1,6 @@
 """A pretraining run's Job (pipeline/train/job.py): the architecture's pretraining model and
-objective, the shards joined with the corpus for training and validation, VL-BERT's text rows."""
+objective, the shards joined with the corpus for training and validation, VL-BERT's text rows;
+and the check of a run's config before its workers start (`prepare_pretrain`)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,19 @@ import torch
 from torch import nn
 
 from model.archs import ARCHS
+from pipeline.common.config import ConfigError, absolute_paths
 from pipeline.common.devices import pick_device, set_threads
 from pipeline.common.text import load_tokenizer
 from pipeline.pretrain.config import PretrainConfig, config_from_dict
 from pipeline.corpus.read import load_answers, load_pairs
-from pipeline.pretrain.data import PretrainStream, TextStream, ValidationStream
+from pipeline.pretrain.data import JoinError, PretrainStream, TextStream, ValidationStream
 from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.job import Job
+from pipeline.train.loop import count_steps
 from shards.reader import iter_samples, list_shards
+
+# The config's files and directories, made absolute before the run starts.
+PATHS = ("data.corpus", "data.shards", "data.tokenizer", "run.init_text")
 
 
 def feature_dim(shards: list[Path]) -> int:
@@ -37,13 +43,43 @@ def derive(
     return replace(config, model=replace(config.model, **changes))
 
 
+def prepare_pretrain(config: PretrainConfig) -> PretrainConfig:
+    """`config` with its paths absolute; ConfigError names a missing one. A run on Ray workers
+    also builds rank 0's training stream here, so that shards and corpus that do not join or give
+    no training step fail before Ray starts (the corpus is read, the shard headers scanned twice)."""
+    config = absolute_paths(config, PATHS)
+    if config.run.workers > 0:
+        try:
+            count_steps(train_stream(config, 0, config.run.workers), config)
+        except JoinError as err:
+            raise ConfigError(f"data.shards and data.corpus: {err}") from err
+    return config
+
+
+def train_stream(config: PretrainConfig, rank: int, world: int) -> PretrainStream:
+    """Worker `rank`'s training stream: the shards joined with the corpus training splits."""
+    data = config.data
+    return PretrainStream(
+        [shard for source in data.shards for shard in list_shards(source)],
+        load_pairs(Path(data.corpus), data.train_splits, data.sources or None),
+        batch_size=config.micro_batch,
+        rank=rank,
+        world_size=world,
+        seed=config.run.seed,
+        shuffle_buffer=data.shuffle_buffer,
+        max_boxes=data.max_boxes,
+        corpus_dir=Path(data.corpus),
+    )
+
+
 def pretrain_job(values: dict, rank: int, world: int) -> Job:
     """The Job of `to_dict(PretrainConfig)` for worker `rank` of `world`."""
     config = config_from_dict(values)
     set_threads(config.run.threads_per_worker, world)
     data = config.data
     tokenizer = load_tokenizer(data.tokenizer or None)
-    shards = [shard for source in data.shards for shard in list_shards(source)]
+    train = train_stream(config, rank, world)
+    shards = train.shard_paths
     corpus = Path(data.corpus)
     config = derive(
         config,
@@ -56,23 +92,10 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         config.objective, tokenizer, max_text_length=data.max_text_length,
         max_boxes=data.max_boxes,
     )
-    sources = data.sources or None
-    micro = config.micro_batch
-    train = PretrainStream(
-        shards,
-        load_pairs(corpus, data.train_splits, sources),
-        batch_size=micro,
-        rank=rank,
-        world_size=world,
-        seed=config.run.seed,
-        shuffle_buffer=data.shuffle_buffer,
-        max_boxes=data.max_boxes,
-        corpus_dir=corpus,
-    )
     val = ValidationStream(
         shards,
-        load_pairs(corpus, (data.val_split,), sources),
-        batch_size=micro,
+        load_pairs(corpus, (data.val_split,), data.sources or None),
+        batch_size=config.micro_batch,
         rank=rank,
         world_size=world,
         max_boxes=data.max_boxes,

@@ -4,6 +4,7 @@ config.py       OptimConfig, RunConfig: the optimiser and run sections of every 
 batch.py        TrainBatch and the Objective protocol (rows -> batch -> named losses)
 job.py          Job: what the loop trains (model, objective, streams, export), built per worker
 loop.py         Trainer and train_loop: steps, DDP, validation, exact resume, logs, checkpoints
+errors.py       DivergenceError (torch-free: the command line names it)
 launch.py       run_training: in this process, or on Ray Train workers
 checkpoint.py   run-directory checkpoints (state + the model in our checkpoint format)
 logs.py         metrics.jsonl and TensorBoard

@@ -17,7 +17,7 @@ from pipeline.common.config import ConfigError
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
-    """--out, --resume, --workers, --address, then --config and --set."""
+    """--out, --resume, --workers, --address, --ray-logs, then --config and --set."""
     parser.add_argument("--out", required=True, help="run directory")
     parser.add_argument(
         "--resume", action="store_true",
@@ -31,6 +31,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--address", help="join this Ray cluster (default: start a local Ray for the run)"
+    )
+    parser.add_argument(
+        "--ray-logs", action="store_true",
+        help="also show Ray's own logs and its processes' output (by default only the workers' "
+        "output; Ray's logs are in /tmp/ray/session_latest/logs)",
     )
     add_config_args(parser)
 
@@ -66,6 +71,7 @@ def train(build: Callable[[dict, int, int], Job], config: Any, args: argparse.Na
     final validation record."""
     from pipeline.train.launch import run_training
 
-    final = run_training(build, config, Path(args.out), resume=args.resume, address=args.address)
+    final = run_training(build, config, Path(args.out), resume=args.resume, address=args.address,
+                         ray_logs=args.ray_logs)
     shown = {k: round(v, 4) for k, v in final.items() if isinstance(v, float)}
     print(f"final validation (step {final.get('step')}): {shown}")

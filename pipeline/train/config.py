@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from model.archs import ARCH_NAMES
-from pipeline.common.config import ConfigError
+from pipeline.common.config import ConfigError, check_positive
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,22 @@ class RunConfig:
 
 
 def check_schedule(batch_size: int, optim: OptimConfig, run: RunConfig) -> None:
-    """A batch that splits evenly over workers and accumulation steps, and a run that trains."""
+    """Values in range (the error names the key), a batch (`data.batch_size`) that splits evenly
+    over workers and accumulation steps, and a run that trains."""
+    check_positive(optim, "optim", "lr", "accumulation")
+    check_positive(optim, "optim", "weight_decay", "eps", "warmup_fraction", "warmup_steps",
+                   "grad_clip", allow_zero=True)
+    if optim.warmup_fraction > 1:
+        raise ConfigError(f"optim.warmup_fraction = {optim.warmup_fraction}: must be <= 1")
+    if not all(0 <= beta < 1 for beta in optim.betas):
+        raise ConfigError(f"optim.betas = {list(optim.betas)}: each must be in [0, 1)")
+    check_positive(run, "run", "log_every", "checkpoint_every", "keep_checkpoints")
+    check_positive(run, "run", "workers", "epochs", "max_steps", "val_every",
+                   "threads_per_worker", allow_zero=True)
+    if batch_size < 1:
+        raise ConfigError(f"data.batch_size = {batch_size}: must be positive")
     per_step = max(run.workers, 1) * optim.accumulation
-    if optim.accumulation < 1:
-        raise ConfigError(f"optim.accumulation must be >= 1, got {optim.accumulation}")
-    if batch_size < per_step or batch_size % per_step:
+    if batch_size % per_step:
         raise ConfigError(
             f"data.batch_size {batch_size} must be a multiple of run.workers x "
             f"optim.accumulation = {per_step} (each worker's micro-batch is the quotient)"

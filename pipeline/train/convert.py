@@ -93,4 +93,9 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in report.notes:
         print(f"  note: {note}")
+    config = checkpoint.config  # official files are LXMERT's, whose readers assume hidden / 64
+    if args.to == "official" and config.num_heads * 64 != config.hidden_size:
+        print(f"  note: official files do not record the attention heads, and readers assume "
+              f"hidden / 64 ({config.hidden_size} / 64); this model has {config.num_heads}: read "
+              f"{out} back with --num-heads {config.num_heads}")
     return 0

@@ -3,13 +3,16 @@
 Ray Train's TorchTrainer starts the workers, sets up torch.distributed (NCCL on GPUs, gloo on
 CPUs) and calls `train_loop` on each; the loop wraps the model in DistributedDataParallel itself
 and every rank reads its own share of the shards. Without `--address` an embedded local Ray is
-started for the run and shut down after it. Workers start elsewhere than the command: they move
-to its working directory, so that relative paths in the config mean what they mean here.
+started for the run and shut down after it. The verbs hand over a config whose paths are absolute
+(`prepare_pretrain`, `prepare_finetune`), as workers on other machines need; the workers of a
+local Ray also keep this command's directory.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,11 +27,12 @@ from pipeline.train.loop import train_loop
 
 def run_training(
     build: Callable[[dict, int, int], Job], config: Any, run_dir: Path, *,
-    resume: bool = False, address: str | None = None,
+    resume: bool = False, address: str | None = None, ray_logs: bool = False,
 ) -> dict:
     """Train the Job that `build(to_dict(config), rank, world)` makes on each worker (a module-level
     function, so Ray can send it by name); returns the final validation record of the run's
-    metrics.jsonl. `config` has the trainer's sections `run` and `optim`."""
+    metrics.jsonl. `config` has the trainer's sections `run` and `optim`. ray_logs: show Ray's
+    own logs (otherwise only the workers' output is shown)."""
     run_dir = Path(run_dir).resolve()
     loop_config = {
         "build": build, "config": to_dict(config), "run_dir": str(run_dir), "resume": resume,
@@ -36,32 +40,47 @@ def run_training(
     if config.run.workers == 0:
         train_loop(loop_config)
     else:
-        _fit_with_ray(config, {**loop_config, "cwd": os.getcwd()}, run_dir, address)
+        _fit_with_ray(config, loop_config, run_dir, address, ray_logs)
     val = [r for r in read_metrics(run_dir) if r.get("split") == "val"]
     return val[-1] if val else {}
 
 
 def _fit_with_ray(
-    config: Any, loop_config: dict, run_dir: Path, address: str | None
+    config: Any, loop_config: dict, run_dir: Path, address: str | None, ray_logs: bool
 ) -> None:
     from pipeline.common.ray_session import ray_session
 
     run = config.run
     use_gpu = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
     cpus = run.threads_per_worker or max(1, (os.cpu_count() or 1) // run.workers)
-    # Ray Train would also log each print of a worker, so every message would show twice.
+    # Ray Train would also log each print of a worker, so every message would show twice; and it
+    # would move the workers into the run's storage directory.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    with ray_session(address, log_to_driver=True):
-        from ray.train import RunConfig, ScalingConfig
+    os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    with ray_session(address, without_ray="--workers 0", forward="RayTrainWorker",
+                     ray_logs=ray_logs):
+        from ray.train import LoggingConfig, RunConfig, ScalingConfig, WorkerGroupError
         from ray.train.torch import TorchConfig, TorchTrainer
 
+        print(f"ray: starting {run.workers} training worker(s), {cpus} CPU(s) each"
+              f"{' and a GPU' if use_gpu else ''}...", file=sys.stderr, flush=True)
         trainer = TorchTrainer(
             train_loop,
-            train_loop_config=loop_config,
+            train_loop_config={**loop_config, "launched": time.time()},
             scaling_config=ScalingConfig(
                 num_workers=run.workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus}
             ),
             torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-            run_config=RunConfig(name="ray", storage_path=str(run_dir)),
+            # Ray Train's own messages: worker groups, resource requests, and a failed worker's
+            # traceback, which is raised here.
+            run_config=RunConfig(
+                name="ray", storage_path=str(run_dir),
+                logging_config=LoggingConfig(log_level="INFO" if ray_logs else "CRITICAL"),
+            ),
         )
-        trainer.fit()
+        try:
+            trainer.fit()
+        except WorkerGroupError as err:
+            # The lowest failing rank's own exception (after Ray's report of it), so that an error
+            # in what the user gave (a checkpoint of another model, say) reads as with --workers 0.
+            raise min(err.worker_failures.items())[1] from err

@@ -12,7 +12,6 @@ and scheduler state and the data position; a resumed run repeats the uninterrupt
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -27,8 +26,9 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from pipeline.common.config import to_dict
+from pipeline.common.config import ConfigError, to_dict
 from pipeline.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from pipeline.train.errors import DivergenceError
 from pipeline.train.job import Job
 from pipeline.train.logs import RunLog, truncate_metrics
 from pipeline.train.plot import plot_run
@@ -63,6 +63,22 @@ def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
+
+
+def count_steps(train, config) -> int:
+    """Optimizer steps of a run: config.run's epochs over `train` (a training stream's
+    `steps_in_epoch(epoch)`, the same on every rank), at most run.max_steps. ConfigError when
+    there is none, so a run can be checked before its workers start."""
+    run, accumulation = config.run, config.optim.accumulation
+    total = sum(train.steps_in_epoch(e) // accumulation for e in range(max(run.epochs, 1)))
+    if run.max_steps > 0:
+        total = min(total, run.max_steps) if run.epochs > 0 else run.max_steps
+    if total < 1:
+        raise ConfigError(
+            f"no training step: {train.steps_in_epoch(0)} micro-batches of {config.micro_batch} "
+            "rows per worker in epoch 0; lower data.batch_size or add data"
+        )
+    return total
 
 
 def warmup_linear(total_steps: int, warmup: int):
@@ -112,7 +128,7 @@ class Trainer:
             _param_groups(self.module, optim.weight_decay), lr=optim.lr, betas=optim.betas,
             eps=optim.eps, fused=True,
         )
-        self.total_steps = self._total_steps()
+        self.total_steps = count_steps(self.train_stream, self.config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
             warmup_linear(
@@ -128,19 +144,6 @@ class Trainer:
 
     def _steps_in_epoch(self, epoch: int) -> int:
         return self.train_stream.steps_in_epoch(epoch) // self.config.optim.accumulation
-
-    def _total_steps(self) -> int:
-        run = self.config.run
-        total = sum(self._steps_in_epoch(e) for e in range(max(run.epochs, 1)))
-        if run.max_steps > 0:
-            total = min(total, run.max_steps) if run.epochs > 0 else run.max_steps
-        if total < 1:
-            raise ValueError(
-                f"no training step: {self.train_stream.steps_in_epoch(0)} micro-batches of "
-                f"{self.config.micro_batch} pairs per worker in epoch 0; lower data.batch_size or "
-                "add data"
-            )
-        return total
 
     # --- state ----------------------------------------------------------------------------------
 
@@ -246,6 +249,7 @@ class Trainer:
         window_start, window_rows = time.perf_counter(), 0
         losses_sum: dict[str, torch.Tensor] = {}  # this step's, as tensors until logged
         metrics_sum: dict[str, torch.Tensor | int] = {}
+        diverged = _Divergence(self.device)
         self.model.train()
         last_val: dict[str, float] = {}
         for epoch, index, rows in self._micro_batches():
@@ -274,6 +278,7 @@ class Trainer:
             self.position.micro = index + 1
             if not sync:
                 continue
+            diverged.note(losses_sum, self.position.step + 1, epoch)
             if config.optim.grad_clip > 0:
                 nn.utils.clip_grad_norm_(self.module.parameters(), config.optim.grad_clip)
             lr = self.scheduler.get_last_lr()[0]
@@ -283,7 +288,13 @@ class Trainer:
             self.position.step += 1
             step = self.position.step
             bar.update(1)
-            if step % run.log_every == 0 or step == self.total_steps:
+            log = step % run.log_every == 0 or step == self.total_steps
+            every = step % run.val_every == 0 if run.val_every else (
+                self.position.micro >= steps_per_epoch * accumulation
+            )
+            if log or every or step % run.checkpoint_every == 0:
+                diverged.check(self.reducer, step)
+            if log:
                 if self.device.type == "cuda":  # the rate counts finished steps only
                     torch.cuda.synchronize(self.device)
                 record = self._train_record(step, epoch, lr, losses_sum, metrics_sum,
@@ -291,11 +302,9 @@ class Trainer:
                 bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=epoch, refresh=False)
                 window_start, window_rows = time.perf_counter(), 0
             losses_sum, metrics_sum = {}, {}
-            end_of_epoch = self.position.micro >= steps_per_epoch * accumulation
-            if end_of_epoch:
+            if self.position.micro >= steps_per_epoch * accumulation:  # the end of an epoch
                 self.position = Position(step, epoch + 1, 0)
                 steps_per_epoch = self._steps_in_epoch(epoch + 1)
-            every = step % run.val_every == 0 if run.val_every else end_of_epoch
             if every and step != self.total_steps:
                 last_val = self.validate()
             if step % run.checkpoint_every == 0 and step != self.total_steps:
@@ -367,6 +376,39 @@ class Trainer:
         return self.reducer.sum({**sums, "_rows": float(rows_seen)})
 
 
+class _Divergence:
+    """The first optimizer step whose loss was NaN or infinite, kept on the device: noting it costs
+    no host sync. `check` reads it (over all ranks) where the loop reads the device anyway, before
+    it logs, validates or saves, so a diverged run stops before it writes a NaN loss or model and
+    exits 0 with a model that answers nothing."""
+
+    def __init__(self, device: torch.device):
+        self.step = torch.zeros((), dtype=torch.long, device=device)
+        self.epoch = torch.zeros((), dtype=torch.long, device=device)
+        self.losses: dict[str, torch.Tensor] = {}
+
+    def note(self, losses: dict[str, torch.Tensor], step: int, epoch: int) -> None:
+        first = (self.step == 0) & ~torch.isfinite(sum(losses.values()))
+        self.step = torch.where(first, step, self.step)
+        self.epoch = torch.where(first, epoch, self.epoch)
+        for name, value in losses.items():
+            self.losses[name] = torch.where(first, value, self.losses.get(name, value))
+
+    def check(self, reducer: _Reducer, step: int) -> None:
+        local = int(self.step)
+        if reducer.sum({"diverged": float(local > 0)})["diverged"] == 0:
+            return
+        where = "on another worker"
+        if local:
+            values = ", ".join(f"{k} {float(v)}" for k, v in sorted(self.losses.items()))
+            where = f"at step {local} (epoch {int(self.epoch)}: {values})"
+        raise DivergenceError(
+            f"the loss became NaN or infinite {where}; stopped at step {step}, before logging, "
+            "validating or saving it. Lower optim.lr, or check the shards with "
+            "`pipeline shards verify`"
+        )
+
+
 def _accuracies(summed: dict[str, float]) -> dict[str, float]:
     names = sorted({k[:-2] for k in summed if k.endswith(".c")})
     return {n: summed[f"{n}.c"] / summed[f"{n}.n"] for n in names if summed.get(f"{n}.n", 0) > 0}
@@ -374,22 +416,17 @@ def _accuracies(summed: dict[str, float]) -> dict[str, float]:
 
 def train_loop(loop_config: dict) -> dict[str, float]:
     """What each worker runs: {"build": a function (config values, rank, world) -> Job, e.g.
-    pipeline.pretrain.job.pretrain_job, "config": to_dict(config), "run_dir": str,
-    "resume": bool, and under Ray "cwd": the launching command's working directory}.
+    pipeline.pretrain.job.pretrain_job, "config": to_dict(config) (its paths absolute: Ray
+    workers do not run in the command's directory), "run_dir": str, "resume": bool, and under Ray
+    "launched": the time.time() the workers were asked for, reported by rank 0}.
 
     Ray Train calls it on every worker after setting up the process group; without Ray it runs
     as is in one process.
     """
-    cwd = loop_config.get("cwd")
-    if cwd is not None:
-        if not Path(cwd).is_dir():
-            raise FileNotFoundError(
-                f"this worker's node has no {cwd}, the directory the run was started from: "
-                "relative paths in the config need it (or give absolute paths on a shared "
-                "filesystem)"
-            )
-        os.chdir(cwd)
     rank, world = _rank_world()
+    if rank == 0 and "launched" in loop_config:
+        took = time.time() - loop_config["launched"]
+        print(f"ray: {world} training worker(s) up in {took:.0f} s", file=sys.stderr, flush=True)
     # The thread count is process-wide: a run inside a longer process (a test session, a
     # notebook) hands the caller's setting back when it ends.
     caller_threads = torch.get_num_threads()

@@ -1,0 +1,131 @@
+"""What a training verb does before and around Ray (issue 20): relative paths made absolute in
+the config the run saves, missing inputs and a schedule without a training step refused before
+Ray starts, a failed Ray start as one line, and a real Ray run from the data's folder that says
+what it starts and shows the workers' output without Ray's own logs.
+
+Only the last test starts Ray (about a minute on two loaded cores); the others make sure Ray is
+never started.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.cli import main
+
+CONFIG = Path(__file__).parents[1] / "configs" / "pretrain" / "lxmert_tiny.yaml"
+# The world's folder holds corpus/ and feats/{coco,vg,nlvr2}/ (pipeline/demo/world_setup.py).
+RELATIVE = ["--set", "data.corpus=corpus", "--set", "data.shards=[feats/coco,feats/vg]",
+            "--set", "data.batch_size=16"]
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Fail the test if a run starts Ray."""
+    def started(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr("pipeline.common.ray_session.ray_session", started)
+
+
+def pretrain(out: Path, *extra: str) -> int:
+    return main(["pretrain", "--config", str(CONFIG), "--out", str(out), *RELATIVE, *extra])
+
+
+def test_relative_paths_are_saved_absolute_so_a_resume_works_from_elsewhere(
+    pretrain_world, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(pretrain_world.corpus.parent)
+    out = tmp_path / "run"
+    assert pretrain(out, "--set", "run.max_steps=2", "--workers", "0") == 0
+    data = yaml.safe_load((out / "config.yaml").read_text())["data"]
+    assert data["corpus"] == str(pretrain_world.corpus)
+    assert data["shards"] == [str(s) for s in pretrain_world.shards]
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["pretrain", "--out", str(out), "--resume", "--set", "run.max_steps=3",
+                 "--workers", "0"]) == 0
+    assert (out / "checkpoints" / f"step_{3:08d}").is_dir()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--set", "data.corpus=corpusx", "--workers", "1"],
+     "data.corpus: corpusx does not exist (looked in {root})"),
+    (["--set", "data.shards=[feats/coco,feats/vgg]", "--workers", "1"],
+     "data.shards: feats/vgg does not exist (looked in {root})"),
+    # Two workers share the 6 shards: in some epoch one gets fewer pairs than its 200.
+    (["--set", "data.batch_size=400", "--workers", "2"],
+     "data.shards and data.corpus: epoch "),
+    (["--set", "data.shards=[feats/coco]", "--workers", "4"],
+     "data.shards and data.corpus: 3 shards for 4 workers"),
+], ids=["corpus", "shards", "batch", "workers"])
+def test_pretraining_inputs_are_checked_before_ray(
+    pretrain_world, tmp_path, monkeypatch, capsys, no_ray, args, message
+):
+    root = pretrain_world.corpus.parent
+    monkeypatch.chdir(root)
+    assert pretrain(tmp_path / "run", *args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipeline: config error: " + message.format(root=root)), err
+    assert err.count("\n") == 1
+
+
+def test_finetuning_inputs_and_schedule_are_checked_before_ray(
+    pretrain_world, tmp_path, monkeypatch, capsys, no_ray
+):
+    monkeypatch.chdir(pretrain_world.corpus.parent)
+    nlvr2 = ["finetune", "nlvr2", "--out", str(tmp_path / "run"), "--workers", "1",
+             "--set", "data.root=world/nlvr2", "--set", "data.train=[train]",
+             "--set", "data.val=dev", "--set", "data.shards=[feats/nlvr2]"]
+    assert main([*nlvr2, "--from", "runs/none"]) == 2
+    assert "config error: init: runs/none does not exist" in capsys.readouterr().err
+    # The world's NLVR2 training split is smaller than the default batch of 32.
+    assert main(nlvr2) == 2
+    err = capsys.readouterr().err
+    assert "config error: no training step: 0 micro-batches of 32 rows" in err, err
+
+
+def test_a_failed_ray_start_is_one_line_with_a_hint(pretrain_world, tmp_path, monkeypatch, capsys):
+    import ray
+
+    def timed_out(*args, **kwargs):
+        raise Exception("The current node timed out during startup. This could happen because "
+                        "some of the raylet failed to startup or the GCS has become overloaded.")
+
+    monkeypatch.setattr(ray, "init", timed_out)
+    monkeypatch.chdir(pretrain_world.corpus.parent)
+    assert pretrain(tmp_path / "run", "--workers", "1") == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "ray: starting a local Ray..."
+    assert err[1].startswith("pipeline: ray error: could not start a local Ray: The current node "
+                             "timed out during startup.")
+    assert err[1].endswith("or run without Ray: --workers 0")
+    assert len(err) == 2
+
+
+@pytest.mark.ray
+def test_a_ray_run_from_the_data_folder_says_what_it_starts_and_nothing_of_ray(
+    pretrain_world, tmp_path
+):
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "pipeline.cli", "pretrain", "--config", str(CONFIG),
+               "--out", str(out), *RELATIVE, "--set", "run.max_steps=2", "--workers", "1"]
+    run = subprocess.run(command, cwd=pretrain_world.corpus.parent, capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "train: joined" in run.stdout  # a worker's print
+    said = [line for line in run.stderr.splitlines() if line.startswith("ray: ")]
+    assert said[0] == "ray: starting a local Ray..."
+    assert said[1].startswith("ray: a local Ray is up after ")
+    assert said[2] == "ray: starting 1 training worker(s), 1 CPU(s) each..."
+    assert said[3].startswith("ray: 1 training worker(s) up in ")
+    assert "pretrain lxmert: 100%" in run.stderr  # the worker's progress bar
+    # Ray Train's controller and helpers: resource requests, worker groups, C++ error lines.
+    for noise in ("Requesting resources", "worker group", "process group", "core_worker",
+                  "PlacementGroupCleaner", "Traceback", "(pid="):
+        assert noise not in run.stderr, run.stderr
+    corpus = yaml.safe_load((out / "config.yaml").read_text())["data"]["corpus"]
+    assert corpus == str(pretrain_world.corpus)
