@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs the pipeline and its locked dependencies (uv.lock, never re-resolved) into PROJECT/.venv,
+# then checks that the result runs: the command line, torch with torchvision's compiled ops, Ray.
+#
+#   bash docker/install.sh [PROJECT]      (default: the checkout this script is in)
+#
+# Both images run it at build time, and the test suite runs it in a clean copy of the repository
+# (tests/test_docker.py), so the images' install is tested where no image can be built.
+# Needs uv (the images copy the pinned binary; elsewhere it is installed with pip) and network
+# access to PyPI, or a warm uv cache. uv provides Python 3.11 itself when the system has another;
+# the images set UV_COMPILE_BYTECODE=1.
+set -euo pipefail
+
+project="$(cd "${1:-$(dirname "$0")/..}" && pwd)"
+uv_version="0.13.9"
+
+if ! command -v uv >/dev/null; then
+    python3 -m pip install --no-cache-dir "uv==${uv_version}"
+fi
+
+cd "$project"
+uv sync --frozen --no-dev
+.venv/bin/pipeline --help >/dev/null
+.venv/bin/python - <<'PY'
+import ray
+import torch
+import torchvision
+
+boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 10.0, 10.0]])
+kept = torchvision.ops.nms(boxes, torch.tensor([0.9, 0.8]), 0.5)  # the compiled ops load
+assert kept.tolist() == [0], kept
+print(f"installed: torch {torch.__version__} (CUDA {torch.version.cuda}), "
+      f"torchvision {torchvision.__version__}, ray {ray.__version__}")
+PY

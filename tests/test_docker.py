@@ -1,0 +1,63 @@
+"""The images' definitions: hadolint on every Dockerfile, and their install script run for real in
+a clean copy of the repository (no image can be built on these machines)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILES = sorted((ROOT / "docker").glob("Dockerfile*"))
+HADOLINT = Path(sys.executable).parent / "hadolint"
+
+
+def test_there_is_a_gpu_and_a_cpu_image():
+    assert [p.name for p in DOCKERFILES] == ["Dockerfile.cpu", "Dockerfile.gpu"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint_passes(dockerfile):
+    done = subprocess.run([str(HADOLINT), "--no-color", str(dockerfile)], capture_output=True,
+                          text=True)
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_the_image_is_built_by_the_install_script_as_a_non_root_user(dockerfile):
+    lines = [line.strip() for line in dockerfile.read_text().splitlines()]
+    assert "RUN bash docker/install.sh /opt/pipeline" in lines
+    users = [line for line in lines if line.startswith("USER ")]
+    assert users == ["USER 1001:1001"]
+    assert lines.index(users[0]) < lines.index("RUN bash docker/install.sh /opt/pipeline")
+    assert 'ENTRYPOINT ["pipeline"]' in lines and "EXPOSE 6379 8265 10001" in lines
+
+
+def test_the_build_context_leaves_out_environments_and_outputs():
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".git", ".venv", "demo_out", "runs", "feats"} <= ignored
+    # Everything the install needs is sent.
+    assert not {"pyproject.toml", "uv.lock", "docker", "pipeline", "configs"} & ignored
+
+
+def test_install_script_installs_a_working_pipeline_in_a_clean_copy(tmp_path):
+    """What `RUN bash docker/install.sh` does in the images, on the files git tracks (a clean
+    copy: no .venv, no caches); uv's cache makes it fast where the suite's own env was built."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    copy = tmp_path / "pipeline"
+    for name in files:
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, copy / name)
+    done = subprocess.run(["bash", str(copy / "docker" / "install.sh"), str(copy)],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "installed: torch 2.14.1" in done.stdout
+    help_text = subprocess.run([str(copy / ".venv" / "bin" / "pipeline"), "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    assert "pipeline extract" in help_text
+    assert not (copy / ".venv" / "bin" / "pytest").exists()  # the image has no test tools
