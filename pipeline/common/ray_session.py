@@ -43,7 +43,7 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
     import ray
 
     what = f"the cluster at {address}" if address else "a local Ray"
-    _say(f"{'joining' if address else 'starting'} {what}...")
+    say(f"{'joining' if address else 'starting'} {what}...")
     start = time.perf_counter()
     quiet = {} if ray_logs else {
         "logging_level": logging.ERROR, "logging_config": ray.LoggingConfig(log_level="ERROR")
@@ -60,7 +60,7 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
             f"could not start {what}: {reason}; {hint}, or run without Ray: {without_ray}"
         ) from err
     resources = ray.cluster_resources()
-    _say(f"{what} is up after {time.perf_counter() - start:.1f} s "
+    say(f"{what} is up after {time.perf_counter() - start:.1f} s "
          f"({resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)")
     if forward is not None and not ray_logs:
         _forward_only(forward)
@@ -70,7 +70,8 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
         ray.shutdown()
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """A `ray: ...` line on stderr, for what a run does with Ray."""
     tqdm.write(f"ray: {message}", file=sys.stderr)  # above a progress bar, if one is drawn
 
 

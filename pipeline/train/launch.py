@@ -11,7 +11,6 @@ local Ray also keep this command's directory.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,7 +47,7 @@ def run_training(
 def _fit_with_ray(
     config: Any, loop_config: dict, run_dir: Path, address: str | None, ray_logs: bool
 ) -> None:
-    from pipeline.common.ray_session import ray_session
+    from pipeline.common.ray_session import ray_session, say
 
     run = config.run
     use_gpu = run.device == "cuda" or (run.device == "auto" and torch.cuda.is_available())
@@ -62,8 +61,8 @@ def _fit_with_ray(
         from ray.train import LoggingConfig, RunConfig, ScalingConfig, WorkerGroupError
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        print(f"ray: starting {run.workers} training worker(s), {cpus} CPU(s) each"
-              f"{' and a GPU' if use_gpu else ''}...", file=sys.stderr, flush=True)
+        say(f"starting {run.workers} training worker(s), {cpus} CPU(s) each"
+            f"{' and a GPU' if use_gpu else ''}...")
         trainer = TorchTrainer(
             train_loop,
             train_loop_config={**loop_config, "launched": time.time()},

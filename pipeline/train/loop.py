@@ -27,6 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from pipeline.common.config import ConfigError, to_dict
+from pipeline.common.ray_session import say
 from pipeline.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from pipeline.train.errors import DivergenceError
 from pipeline.train.job import Job
@@ -426,7 +427,7 @@ def train_loop(loop_config: dict) -> dict[str, float]:
     rank, world = _rank_world()
     if rank == 0 and "launched" in loop_config:
         took = time.time() - loop_config["launched"]
-        print(f"ray: {world} training worker(s) up in {took:.0f} s", file=sys.stderr, flush=True)
+        say(f"{world} training worker(s) up in {took:.0f} s")
     # The thread count is process-wide: a run inside a longer process (a test session, a
     # notebook) hands the caller's setting back when it ends.
     caller_threads = torch.get_num_threads()
