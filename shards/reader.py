@@ -11,6 +11,9 @@ Splitting is by shard: every rank and worker reads a disjoint set of whole shard
 they cover each sample exactly once (a worker gets nothing when there are fewer shards than
 ranks x workers). The shard shuffle uses only (seed, epoch), so all ranks agree on it.
 
+A source is a local path or a URL (s3://..., any fsspec filesystem; shards.storage): shards are
+then streamed over the network, never copied whole to disk.
+
 Every error is a SchemaError that names the shard's path and, when known, the sample key: a
 truncated or damaged tar, a member that does not decode, an invalid sample (decode_checked).
 """
@@ -21,37 +24,38 @@ import os
 import random
 import tarfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
 
 import torch.utils.data
 
 from shards.schema import Sample, SchemaError, decode_sample
+from shards.storage import Location, as_path, sort_paths
 
 
-def list_shards(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+def list_shards(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Location]:
     """Sorted `*.tar` shards of a directory (hidden and temporary files excluded), or given paths."""
-    if isinstance(source, (str, os.PathLike)) and Path(source).is_dir():
-        return sorted(p for p in Path(source).glob("*.tar") if not p.name.startswith("."))
-    if isinstance(source, (str, os.PathLike)):
-        return [Path(source)]
-    return [Path(p) for p in source]
+    if isinstance(source, str) or not isinstance(source, Sequence):
+        source = as_path(source)
+        if source.is_dir():
+            return sort_paths(p for p in source.glob("*.tar") if not p.name.startswith("."))
+        return [source]
+    return [as_path(p) for p in source]
 
 
-def shuffle_shards(shards: list[Path], seed: int, epoch: int) -> list[Path]:
+def shuffle_shards(shards: list[Location], seed: int, epoch: int) -> list[Location]:
     """Shards in an order fixed by (seed, epoch), identical on every rank."""
     shards = list(shards)
     random.Random(f"{seed}-{epoch}").shuffle(shards)
     return shards
 
 
-def split_by_node(shards: list[Path], rank: int, world_size: int) -> list[Path]:
+def split_by_node(shards: list[Location], rank: int, world_size: int) -> list[Location]:
     """This rank's shards: every world_size-th shard starting at rank."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} not in [0, {world_size})")
     return shards[rank::world_size]
 
 
-def split_by_worker(shards: list[Path]) -> tuple[list[Path], int]:
+def split_by_worker(shards: list[Location]) -> tuple[list[Location], int]:
     """(this DataLoader worker's shards, worker id); all shards and id 0 outside a DataLoader."""
     info = torch.utils.data.get_worker_info()
     if info is None:
@@ -59,7 +63,7 @@ def split_by_worker(shards: list[Path]) -> tuple[list[Path], int]:
     return shards[info.id :: info.num_workers], info.id
 
 
-def has_end_marker(path: Path) -> bool:
+def has_end_marker(path: Location) -> bool:
     """Whether the tar's size is a whole number of blocks ending with two zero blocks.
 
     tarfile reads a header cut short as the end of the archive; this catches such truncation.
@@ -67,24 +71,24 @@ def has_end_marker(path: Path) -> bool:
     size = path.stat().st_size
     if size < 2 * tarfile.BLOCKSIZE or size % tarfile.BLOCKSIZE:
         return False
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         f.seek(size - 2 * tarfile.BLOCKSIZE)
         return f.read() == bytes(2 * tarfile.BLOCKSIZE)
 
 
-def check_end_marker(path: Path) -> None:
+def check_end_marker(path: Location) -> None:
     """Raise SchemaError naming `path` unless it ends as a complete tar does (has_end_marker)."""
     if not has_end_marker(path):
         raise SchemaError(f"{path}: truncated or not a tar (no end-of-archive blocks)")
 
 
-def unreadable_tar(path: Path, key: str | None, error: tarfile.TarError) -> SchemaError:
+def unreadable_tar(path: Location, key: str | None, error: tarfile.TarError) -> SchemaError:
     """The error for a tar that tarfile cannot read, at sample `key` (None: before any)."""
     at = f" at sample {key!r}" if key is not None else ""
     return SchemaError(f"{path}: unreadable tar{at} ({error})")
 
 
-def iter_members(shards: Iterable[Path]) -> Iterator[tuple[Path, str, bytes]]:
+def iter_members(shards: Iterable[Location]) -> Iterator[tuple[Location, str, bytes]]:
     """(shard, member name, payload) of every regular-file member, streaming each tar once.
 
     A truncated shard raises SchemaError before any of its members is yielded.
@@ -93,7 +97,7 @@ def iter_members(shards: Iterable[Path]) -> Iterator[tuple[Path, str, bytes]]:
         check_end_marker(shard)
         key = None
         try:
-            with tarfile.open(shard, mode="r|") as tar:
+            with shard.open("rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
                 for info in tar:
                     key = info.name.partition(".")[0]
                     if not info.isfile():
@@ -104,7 +108,7 @@ def iter_members(shards: Iterable[Path]) -> Iterator[tuple[Path, str, bytes]]:
 
 
 def read_selected(
-    path: Path, keys: Sequence[str], wanted: Callable[[str], bool]
+    path: Location, keys: Sequence[str], wanted: Callable[[str], bool]
 ) -> Iterator[tuple[str, dict[str, bytes] | None]]:
     """(key, {suffix: payload}) of the samples `keys` of one shard, in file order.
 
@@ -117,7 +121,7 @@ def read_selected(
     current: str | None = None
     members: dict[str, bytes] | None = None
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        with path.open("rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
             for info in tar:
                 key, _, suffix = info.name.partition(".")
                 if key not in selected:
@@ -141,13 +145,13 @@ def read_selected(
 
 
 def group_by_key(
-    members: Iterable[tuple[Path, str, bytes]],
-) -> Iterator[tuple[Path, str, dict[str, bytes]]]:
+    members: Iterable[tuple[Location, str, bytes]],
+) -> Iterator[tuple[Location, str, dict[str, bytes]]]:
     """(shard, key, {suffix: payload}) per sample; a sample's members must be consecutive.
 
     As in WebDataset, the key is the member name up to the first '.' of its basename.
     """
-    current: tuple[Path, str] | None = None
+    current: tuple[Location, str] | None = None
     group: dict[str, bytes] = {}
     for shard, name, payload in members:
         key, dot, suffix = name.partition(".")
@@ -164,7 +168,7 @@ def group_by_key(
         yield (*current, group)
 
 
-def decode_samples(groups: Iterable[tuple[Path, str, dict[str, bytes]]]) -> Iterator[Sample]:
+def decode_samples(groups: Iterable[tuple[Location, str, dict[str, bytes]]]) -> Iterator[Sample]:
     """Samples from grouped members: .npy with allow_pickle=False, JSON; pickles are refused.
     Not validated (see decode_checked)."""
     for shard, key, members in groups:
@@ -174,7 +178,7 @@ def decode_samples(groups: Iterable[tuple[Path, str, dict[str, bytes]]]) -> Iter
             raise SchemaError(f"{shard}: {key}: {e}") from e
 
 
-def decode_checked(path: Path, key: str, members: dict[str, bytes]) -> Sample:
+def decode_checked(path: Location, key: str, members: dict[str, bytes]) -> Sample:
     """The sample `key` of shard `path` from its members ({suffix: payload}), decoded (no
     pickles) and validated against schema v1 (NaN/inf, boxes inside the image, shapes, ...).
 

@@ -4,8 +4,9 @@ The index maps each key to one contiguous byte span of one shard: from its first
 to the end of its last member's data (the writer puts a sample's members together). It is built
 by scanning tar headers once (data blocks are skipped, not read) and saved beside the shards as
 `store_index.npz` (plain arrays, no pickle); it is rebuilt when the shard files change. A lookup
-is a binary search in a sorted fixed-width byte-string array, then one `os.pread` of the span;
-nothing else is held in memory, and `pread` keeps reads safe in forked DataLoader workers.
+is a binary search in a sorted fixed-width byte-string array, then one `os.pread` of the span (for
+shards at a URL, one ranged read: shards.storage); nothing else is held in memory, and `pread`
+keeps reads safe in forked DataLoader workers.
 """
 
 from __future__ import annotations
@@ -15,31 +16,31 @@ import os
 import tarfile
 from collections import OrderedDict
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 
 from shards.reader import check_end_marker, decode_checked, list_shards, unreadable_tar
 from shards.schema import Sample, SchemaError, make_key
+from shards.storage import Location, as_path, is_url, read_range, write_atomic
 
 INDEX_NAME = "store_index.npz"
 _BLOCK = tarfile.BLOCKSIZE
 
 
-def _shard_fingerprint(shards: list[Path]) -> np.ndarray:
+def _shard_fingerprint(shards: list[Location]) -> np.ndarray:
     """(S, 2) int64 of each shard's size and mtime in ns: changes when a shard is rewritten."""
     stats = [p.stat() for p in shards]
     return np.array([[s.st_size, s.st_mtime_ns] for s in stats], dtype=np.int64).reshape(-1, 2)
 
 
-def scan_shard(path: Path) -> Iterator[tuple[str, int, int]]:
+def scan_shard(path: Location) -> Iterator[tuple[str, int, int]]:
     """(key, span offset, span length in bytes) of each sample of a shard, from its headers only.
 
     A truncated or unreadable tar raises SchemaError naming `path`."""
     check_end_marker(path)
     key, start, end = None, 0, 0
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        with path.open("rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
             for info in tar:
                 member_key = info.name.partition(".")[0]
                 if member_key != key:
@@ -53,7 +54,7 @@ def scan_shard(path: Path) -> Iterator[tuple[str, int, int]]:
         yield key, start, end - start
 
 
-def build_index(shards: list[Path]) -> dict[str, np.ndarray]:
+def build_index(shards: list[Location]) -> dict[str, np.ndarray]:
     """Arrays keys (K,) bytes sorted, shard (K,) int32, offset (K,) int64, length (K,) int64.
 
     Raises SchemaError when a key appears twice (in one shard or across shards).
@@ -93,7 +94,7 @@ class FeatureStore:
 
     def __init__(self, directory: str | os.PathLike, *, max_open_files: int = 64):
         self._fds: OrderedDict[int, int] = OrderedDict()
-        self.directory = Path(directory)
+        self.directory = as_path(directory)
         self.shards = list_shards(self.directory)
         self.max_open_files = max_open_files
         index = self._load_index()
@@ -105,18 +106,17 @@ class FeatureStore:
         names = np.array([p.name.encode() for p in self.shards], dtype=bytes).reshape(-1)
         fingerprint = _shard_fingerprint(self.shards)
         if path.exists():
-            with np.load(path, allow_pickle=False) as saved:
+            with path.open("rb") as f, np.load(f, allow_pickle=False) as saved:
                 same_names = np.array_equal(saved["names"], names)
                 if same_names and np.array_equal(saved["fingerprint"], fingerprint):
                     return {k: saved[k] for k in ("keys", "shard", "offset", "length")}
         index = build_index(self.shards)
-        tmp = path.with_name(f".{INDEX_NAME}.tmp")
+        saved = io.BytesIO()
+        np.savez(saved, names=names, fingerprint=fingerprint, **index)
         try:
-            with open(tmp, "wb") as f:
-                np.savez(f, names=names, fingerprint=fingerprint, **index)
-            os.replace(tmp, path)
+            write_atomic(path, saved.getvalue())
         except OSError:  # a read-only dataset directory: keep the index in memory only
-            tmp.unlink(missing_ok=True)
+            pass
         return index
 
     def __len__(self) -> int:
@@ -143,7 +143,11 @@ class FeatureStore:
             raise KeyError(key)
         shard = int(self._shard[i])
         path = self.shards[shard]
-        span = os.pread(self._fd(shard), int(self._length[i]), int(self._offset[i]))
+        offset, length = int(self._offset[i]), int(self._length[i])
+        if is_url(path):
+            span = read_range(path, offset, length)
+        else:
+            span = os.pread(self._fd(shard), length, offset)
         members = {}
         try:
             with tarfile.open(fileobj=io.BytesIO(span), mode="r:") as tar:

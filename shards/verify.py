@@ -15,11 +15,11 @@ import json
 import os
 import tarfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from shards.reader import has_end_marker, list_shards
 from shards.schema import SchemaError, decode_sample
+from shards.storage import Location, as_path, sort_paths
 from shards.writer import MANIFEST_NAME, STATS_SUFFIX, sample_digest
 
 _CHUNK = 1 << 20
@@ -38,15 +38,15 @@ class Problem:
         return f"{where}: {self.message}"
 
 
-def _file_sha256(path: Path) -> str:
+def _file_sha256(path: Location) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
 
 
-def _load_json(path: Path, problems: list[Problem], shard: str | None) -> dict[str, Any] | None:
+def _load_json(path: Location, problems: list[Problem], shard: str | None) -> dict[str, Any] | None:
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -77,7 +77,7 @@ def _check_sample(
     return problems + [Problem(shard, key, message) for message in sample.validate()]
 
 
-def _read_shard(path: Path, digests: dict[str, str]) -> tuple[list[str], list[Problem]]:
+def _read_shard(path: Location, digests: dict[str, str]) -> tuple[list[str], list[Problem]]:
     """(keys in file order, problems) of one shard, checking every sample."""
     shard = path.name
     keys: list[str] = []
@@ -91,7 +91,7 @@ def _read_shard(path: Path, digests: dict[str, str]) -> tuple[list[str], list[Pr
             problems.extend(_check_sample(shard, current, members, digests.get(current)))
 
     try:
-        with tarfile.open(path, mode="r|") as tar:
+        with path.open("rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
             for info in tar:
                 key, dot, _ = info.name.partition(".")
                 if not info.isfile() or not dot or "/" in info.name:
@@ -127,10 +127,10 @@ def verify_shards(directory: str | os.PathLike) -> list[Problem]:
 
 def verify_report(directory: str | os.PathLike) -> VerifyReport:
     """The shard set in `directory` checked: counts and every problem (see the module docstring)."""
-    directory = Path(directory)
+    directory = as_path(directory)
     problems: list[Problem] = [
         Problem(p.name, None, "leftover temporary file of an interrupted write")
-        for p in sorted(directory.glob(".*.tar.tmp"))
+        for p in sort_paths(directory.glob(".*.tar.tmp"))
     ]
     manifest = _load_json(directory / MANIFEST_NAME, problems, None)
     listed = {s["name"]: s for s in manifest.get("shards", [])} if manifest else {}
@@ -163,7 +163,7 @@ def verify_report(directory: str | os.PathLike) -> VerifyReport:
             problems.append(Problem(shard, None, "keys differ from the stats file"))
     for name in sorted(set(listed) - {p.name for p in shards}):
         problems.append(Problem(name, None, "listed in the manifest but missing"))
-    for stats_path in sorted(directory.glob(f"*{STATS_SUFFIX}")):
+    for stats_path in sort_paths(directory.glob(f"*{STATS_SUFFIX}")):
         if not (directory / f"{stats_path.name[: -len(STATS_SUFFIX)]}.tar").exists():
             problems.append(Problem(stats_path.name, None, "stats file without its shard"))
     if manifest is not None and manifest.get("total") != total:

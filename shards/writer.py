@@ -3,7 +3,9 @@
 One shard is the unit of work. `ShardWriter` streams samples into `.{name}.tar.tmp`, renames it to
 `{name}.tar` when complete, and only then writes `{name}_stats.json`; so a shard whose stats file
 exists is complete, and a restarted job skips it (`completed_shards`). A crash leaves at most a
-`.tmp` file, which the next attempt overwrites.
+`.tmp` file, which the next attempt overwrites. `out_dir` may be a URL (s3://...): the shard is
+then written to a local staging file and uploaded whole when complete (shards.storage), so an
+object store never holds half a shard either.
 
 Tar members are deterministic (sorted within a sample, mtime 0, uid/gid 0, mode 0644, empty user
 and group names): identical samples in identical order give byte-identical shards.
@@ -17,25 +19,33 @@ import json
 import os
 import re
 import tarfile
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from shards.schema import SCHEMA_VERSION, Sample, SchemaError, encode_sample
+from shards.storage import (
+    Location,
+    as_path,
+    make_dirs,
+    publish,
+    sort_paths,
+    staging_file,
+    write_json_atomic,
+)
 
 STATS_SUFFIX = "_stats.json"
 MANIFEST_NAME = "manifest.json"
 _SHARD_NAME_RE = re.compile(r"[A-Za-z0-9_-]+")
 
 
-def shard_paths(out_dir: str | os.PathLike, name: str) -> tuple[Path, Path, Path]:
-    """(final tar, temporary tar, stats file) paths of shard `name` in `out_dir`."""
-    out_dir = Path(out_dir)
-    return out_dir / f"{name}.tar", out_dir / f".{name}.tar.tmp", out_dir / f"{name}{STATS_SUFFIX}"
+def shard_paths(out_dir: str | os.PathLike, name: str) -> tuple[Location, Location]:
+    """(tar, stats file) paths of shard `name` in `out_dir`."""
+    out_dir = as_path(out_dir)
+    return out_dir / f"{name}.tar", out_dir / f"{name}{STATS_SUFFIX}"
 
 
 def completed_shards(out_dir: str | os.PathLike) -> set[str]:
     """Names of the shards in `out_dir` whose stats file exists (complete; skip them on restart)."""
-    return {p.name[: -len(STATS_SUFFIX)] for p in Path(out_dir).glob(f"*{STATS_SUFFIX}")}
+    return {p.name[: -len(STATS_SUFFIX)] for p in as_path(out_dir).glob(f"*{STATS_SUFFIX}")}
 
 
 def sample_digest(members: list[tuple[str, bytes]]) -> str:
@@ -45,18 +55,6 @@ def sample_digest(members: list[tuple[str, bytes]]) -> str:
         h.update(name.encode("utf-8") + b"\0" + len(payload).to_bytes(8, "little"))
         h.update(payload)
     return h.hexdigest()
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write `obj` as indented JSON to `path` via a temporary file and rename (never half-written)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True, allow_nan=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class _HashingFile:
@@ -89,8 +87,9 @@ class ShardWriter:
         if not _SHARD_NAME_RE.fullmatch(name):
             raise ValueError(f"shard name {name!r} must match [A-Za-z0-9_-]+")
         self.name = name
-        self.path, self.tmp_path, self.stats_path = shard_paths(out_dir, name)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.stats_path = shard_paths(out_dir, name)
+        make_dirs(self.path.parent)
+        self.tmp_path = staging_file(self.path)
         self.keys: list[str] = []
         self.digests: list[str] = []
         self.failures: list[dict[str, str]] = []
@@ -138,7 +137,7 @@ class ShardWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
-        os.replace(self.tmp_path, self.path)
+        publish(self.tmp_path, self.path)
         stats = {
             "schema_version": SCHEMA_VERSION,
             "shard": self.path.name,
@@ -179,7 +178,7 @@ def write_manifest(out_dir: str | os.PathLike) -> dict[str, Any]:
     """
     shards = []
     failed = 0
-    for stats_path in sorted(Path(out_dir).glob(f"*{STATS_SUFFIX}")):
+    for stats_path in sort_paths(as_path(out_dir).glob(f"*{STATS_SUFFIX}")):
         stats = json.loads(stats_path.read_text(encoding="utf-8"))
         shards.append({k: stats[k] for k in ("count", "bytes", "sha256")} | {"name": stats["shard"]})
         failed += stats["failed"]
@@ -189,5 +188,5 @@ def write_manifest(out_dir: str | os.PathLike) -> dict[str, Any]:
         "total": sum(s["count"] for s in shards),
         "failed": failed,
     }
-    write_json_atomic(Path(out_dir) / MANIFEST_NAME, manifest)
+    write_json_atomic(as_path(out_dir) / MANIFEST_NAME, manifest)
     return manifest

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["s3_server"]  # the local S3 server: fixtures s3_server, bucket
+
 
 @dataclass(frozen=True)
 class WorldShards:

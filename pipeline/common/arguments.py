@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 from pipeline.common.config import ConfigError
+from shards.storage import Location, as_path, is_url, write_atomic
 
 
 def formatter_for(description: str) -> type[argparse.HelpFormatter]:
@@ -50,10 +51,20 @@ class Actions:
         return parser
 
 
-def writable_dir(path: str | Path) -> Path:
+def writable_dir(path: str | Path) -> Location:
     """The --out directory `path`, created if needed and written to once (a file made and removed):
-    a read-only place is one ConfigError here, not a traceback later (from a Ray worker, say)."""
-    path = Path(path)
+    a read-only place is one ConfigError here, not a traceback later (from a Ray worker, say).
+    For a URL, the object written and removed also checks the credentials and the bucket."""
+    path = as_path(path)
+    if is_url(path):
+        probe = path / ".write-check"
+        try:
+            write_atomic(probe, b"")
+            probe.unlink()
+        except Exception as err:  # fsspec's filesystems raise their own errors (botocore's, ...)
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ConfigError(f"--out {path}: cannot write there ({reason})") from None
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=path).close()

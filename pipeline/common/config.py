@@ -19,6 +19,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from shards.storage import as_path, is_url
+
 T = TypeVar("T")
 
 
@@ -38,7 +40,7 @@ def parse_sets(sets: list[str]) -> list[tuple[list[str], Any]]:
 
 
 def load_yaml(path: str | Path) -> dict:
-    path = Path(path)
+    path = as_path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
@@ -96,17 +98,17 @@ def set_path(config: T, path: list[str], value: Any) -> T:
 def absolute_paths(config: T, fields: Sequence[str]) -> T:
     """A copy of `config` whose dotted `fields` (each a path or a tuple of paths; "" is unset) are
     absolute, read against this process's working directory: Ray workers run in another one.
-    ConfigError names the first path that does not exist."""
+    URLs (s3://...) are kept as they are. ConfigError names the first path that does not exist."""
     for name in fields:
         value: Any = config
         for key in name.split("."):
             value = getattr(value, key)
         paths = [value] if isinstance(value, str) else list(value)
         for path in paths:
-            if path and not os.path.exists(path):
-                where = "" if os.path.isabs(path) else f" (looked in {os.getcwd()})"
+            if path and not as_path(path).exists():
+                where = "" if os.path.isabs(path) or is_url(path) else f" (looked in {os.getcwd()})"
                 raise ConfigError(f"{name}: {path} does not exist{where}")
-        paths = [os.path.abspath(path) if path else path for path in paths]
+        paths = [os.path.abspath(path) if path and not is_url(path) else path for path in paths]
         config = set_path(config, name.split("."), paths[0] if isinstance(value, str) else paths)
     return config
 

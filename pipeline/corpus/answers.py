@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from shards.storage import as_path
+
 # LXMERT's AnswerTable.ANS_CONVERT (src/pretrain/qa_answer_table.py), verbatim. "a man" and
 # "the man" can never match after the leading articles are dropped; kept to mirror the original.
 ANS_CONVERT = {
@@ -101,7 +103,7 @@ class AnswerTable:
     def load(cls, path: str | Path, dsets: Iterable[str] | None = None) -> AnswerTable:
         """Read answers.json (LXMERT all_ans.json format). With `dsets`, keep only the answers
         used by at least one of those sources, re-indexed (LXMERT's AnswerTable(dsets))."""
-        path = Path(path)
+        path = as_path(path)
         try:
             entries = json.loads(path.read_bytes())
         except (OSError, ValueError) as err:

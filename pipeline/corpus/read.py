@@ -16,29 +16,29 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 from pipeline.corpus.answers import AnswerTable
 from pipeline.corpus.config import CAPTION_SOURCES, SOURCES, SPLITS, CorpusError
 from pipeline.corpus.pairs import Pair
+from shards.storage import Location, as_path
 
 ANSWERS_FILE = "answers.json"
 
 
 def load_stats(corpus_dir: str | os.PathLike) -> dict:
     """stats.json: {"splits": {split: {"images", "sentences", "images_by_source"}}, "answers"}."""
-    return json.loads((Path(corpus_dir) / "stats.json").read_text(encoding="utf-8"))
+    return json.loads((as_path(corpus_dir) / "stats.json").read_text(encoding="utf-8"))
 
 
 def split_names(corpus_dir: str | os.PathLike) -> list[str]:
     """The splits this corpus has files for, in SPLITS order."""
-    return [s for s in SPLITS if (Path(corpus_dir) / f"{s}.jsonl").is_file()]
+    return [s for s in SPLITS if (as_path(corpus_dir) / f"{s}.jsonl").is_file()]
 
 
 def load_answers(corpus_dir: str | os.PathLike) -> AnswerTable:
     """The answer table of a corpus (an answer's index is its position); `corpus_dir` may also
     name the file itself, e.g. LXMERT's all_ans.json."""
-    path = Path(corpus_dir)
+    path = as_path(corpus_dir)
     path = path / ANSWERS_FILE if path.is_dir() else path
     if not path.is_file():
         raise CorpusError(f"{path}: no answer table (`pipeline corpus build` writes it)")
@@ -53,11 +53,11 @@ def load_split(corpus_dir: str | os.PathLike, split: str) -> Iterator[dict]:
     """The image records of one split, in file (key) order, each checked: a record that is not
     JSON, lacks its image, has a sentence that is not a string, or answers that are not one
     {answer: score} per sentence raises CorpusError naming the file and line."""
-    for _, _, record in _numbered_records(Path(corpus_dir), split):
+    for _, _, record in _numbered_records(as_path(corpus_dir), split):
         yield record
 
 
-def _numbered_records(corpus_dir: Path, split: str) -> Iterator[tuple[Path, int, dict]]:
+def _numbered_records(corpus_dir: Location, split: str) -> Iterator[tuple[Location, int, dict]]:
     path = corpus_dir / f"{split}.jsonl"
     if not path.is_file():
         present = sorted(p.stem for p in corpus_dir.glob("*.jsonl"))
@@ -65,7 +65,7 @@ def _numbered_records(corpus_dir: Path, split: str) -> Iterator[tuple[Path, int,
     seen: set[str] = set()
     number = 0
     try:
-        with open(path, encoding="utf-8") as f:
+        with path.open(encoding="utf-8") as f:
             for number, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -88,7 +88,7 @@ def split_images(corpus_dir: str | os.PathLike, split: str) -> set[str]:
 
 def load_text(corpus_dir: str | os.PathLike) -> Iterator[str]:
     """The text-only corpus (text.txt), one passage per item."""
-    with (Path(corpus_dir) / "text.txt").open(encoding="utf-8") as f:
+    with (as_path(corpus_dir) / "text.txt").open(encoding="utf-8") as f:
         for line in f:
             yield line.rstrip("\n")
 
@@ -109,7 +109,7 @@ def load_pairs(
     image's captions); one tuple is shared by all the image's pairs. An image listed in two
     splits gets the pairs of both.
     """
-    corpus_dir = Path(corpus_dir)
+    corpus_dir = as_path(corpus_dir)
     splits = (splits,) if isinstance(splits, str) else tuple(splits)
     if not splits:
         raise CorpusError(f"{corpus_dir}: no splits given")
@@ -179,7 +179,7 @@ def _checked_record(line: str) -> dict:
 class _AnswerIndex:
     """answer string -> index, read from answers.json when a QA sentence first needs it."""
 
-    def __init__(self, corpus_dir: Path):
+    def __init__(self, corpus_dir: Location):
         self.corpus_dir = corpus_dir
         self._table: AnswerTable | None = None
 

@@ -1,11 +1,14 @@
-"""What every dataset reader yields."""
+"""What every dataset reader yields.
+
+A dataset root may be a local directory or a URL (s3://bucket/coco, any fsspec filesystem): the
+readers list and read it through shards.storage's paths, which behave alike for both.
+"""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
+from shards.storage import Location, read_range
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -14,7 +17,7 @@ class DatasetError(ValueError):
     """A dataset root that does not have the expected layout."""
 
 
-def describe_contents(folder: Path, limit: int = 8) -> str:
+def describe_contents(folder: Location, limit: int = 8) -> str:
     """What a folder holds, for error messages: `a/, b/, c.txt (and 3 more)`, `nothing`, ..."""
     if not folder.exists():
         return "nothing (it does not exist)"
@@ -44,7 +47,7 @@ class ImageRef:
 
     dataset: str
     image_id: str
-    path: Path
+    path: Location
     split: str = ""
     member: str | None = None
     offset: int = 0
@@ -58,8 +61,7 @@ class ImageRef:
     def read_bytes(self) -> bytes:
         if self.member is None:
             return self.path.read_bytes()
-        with open(self.path, "rb") as f:
-            data = os.pread(f.fileno(), self.length, self.offset)
+        data = read_range(self.path, self.offset, self.length)
         if len(data) != self.length:
             raise OSError(f"{self.location}: archive ends after {len(data)} of {self.length} bytes")
         return data

@@ -36,11 +36,12 @@ import logging
 import re
 import tarfile
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from pipeline.datasets.base import (
     IMAGE_SUFFIXES, DatasetError, ImageRef, describe_contents, examples,
 )
+from shards.storage import Location, as_path, relative_posix, sort_paths
 
 HEADER = "caption\turl"
 KEY = re.compile(r"\d{9}")
@@ -52,32 +53,32 @@ EXPECTED = (
 log = logging.getLogger(__name__)
 
 
-def list_cc3m(root: str | Path) -> list[ImageRef]:
+def list_cc3m(root: str) -> list[ImageRef]:
     """The downloaded CC3M images under `root`; see the module docstring for both layouts."""
-    root = Path(root)
+    root = as_path(root)
     if not root.is_dir():
         raise DatasetError(f"cc3m root {root}: {EXPECTED}; found: {describe_contents(root)}")
-    tars = sorted(p for p in root.glob("*.tar") if p.stem.isdigit())
+    tars = sort_paths(p for p in root.glob("*.tar") if p.stem.isdigit())
     if tars:
         return _list_shards(root, tars)
-    tsvs = sorted(root.glob("*.tsv"))
+    tsvs = sort_paths(root.glob("*.tsv"))
     if len(tsvs) != 1 or not (root / "images").is_dir():
         raise DatasetError(f"cc3m root {root}: {EXPECTED}; found: {describe_contents(root)}")
     return _list_tsv(root, tsvs[0], root / "images")
 
 
-def tar_members(tar_path: Path) -> Iterator[tuple[str, str, tarfile.TarInfo, tarfile.TarFile]]:
+def tar_members(tar_path: Location) -> Iterator[tuple[str, str, tarfile.TarInfo, tarfile.TarFile]]:
     """(key, extension after the key's first '.', member, the open tar) of each regular file of an
     img2dataset tar, in file order: the one reader of these tars (the image lister here, the
     caption reader of pipeline/corpus/cc3m.py). tarfile.TarError propagates."""
-    with tarfile.open(tar_path, "r:") as tar:
+    with tar_path.open("rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
         for member in tar:
             if member.isfile():
                 key, _, ext = PurePosixPath(member.name).name.partition(".")
                 yield key, ext, member, tar
 
 
-def _list_shards(root: Path, tars: list[Path]) -> list[ImageRef]:
+def _list_shards(root: Location, tars: list[Location]) -> list[ImageRef]:
     """Layout (a): one ref per image member of the img2dataset tars."""
     refs: dict[str, ImageRef] = {}
     unfinished, failed, urls = [], 0, 0
@@ -118,7 +119,7 @@ def _list_shards(root: Path, tars: list[Path]) -> list[ImageRef]:
     return list(refs.values())
 
 
-def _count_rows(tsv: Path) -> int:
+def _count_rows(tsv: Location) -> int:
     """Data rows of a CC3M TSV, checking each has two tab-separated fields."""
     rows = 0
     with tsv.open(encoding="utf-8", newline="") as f:
@@ -134,19 +135,19 @@ def _count_rows(tsv: Path) -> int:
     return rows
 
 
-def _list_tsv(root: Path, tsv: Path, images: Path) -> list[ImageRef]:
+def _list_tsv(root: Location, tsv: Location, images: Location) -> list[ImageRef]:
     """Layout (b): one ref per TSV row with a file in images/."""
     rows = _count_rows(tsv)
     if rows == 0:
         raise DatasetError(f"{tsv}: no caption<TAB>url rows")
     refs: dict[str, ImageRef] = {}
     misnamed = []
-    for path in sorted(images.rglob("*")):
+    for path in sort_paths(images.rglob("*")):
         if not path.is_file() or path.suffix.lower() not in IMAGE_SUFFIXES:
             continue
         key = path.stem
         if not KEY.fullmatch(key) or int(key) >= rows:
-            misnamed.append(path.relative_to(images).as_posix())
+            misnamed.append(relative_posix(path, images))
             continue
         if key in refs:
             raise DatasetError(f"cc3m root {root}: row {int(key)} has two images, "

@@ -19,11 +19,11 @@ folder whose name fits neither pattern is an error too, so no image is left out 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from pipeline.datasets.base import (
     IMAGE_SUFFIXES, DatasetError, ImageRef, describe_contents, examples,
 )
+from shards.storage import as_path, sort_paths
 
 SPLIT_FOLDER = re.compile(r"[a-z]+\d{4}")
 EXPECTED = (
@@ -38,16 +38,18 @@ def _image_id(folder: str, name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def list_coco(root: str | Path) -> list[ImageRef]:
+def list_coco(root: str) -> list[ImageRef]:
     """Every image of every split folder under `root`; see the module docstring."""
-    root = Path(root)
+    root = as_path(root)
     if not root.is_dir():
         raise DatasetError(f"coco root {root}: {EXPECTED}; found: {describe_contents(root)}")
-    splits = sorted(p for p in root.iterdir() if p.is_dir() and SPLIT_FOLDER.fullmatch(p.name))
+    splits = sort_paths(
+        p for p in root.iterdir() if p.is_dir() and SPLIT_FOLDER.fullmatch(p.name)
+    )
     refs: dict[str, ImageRef] = {}
     for split in splits:
         unexpected = []
-        for path in sorted(split.iterdir()):
+        for path in sort_paths(split.iterdir()):
             if not path.is_file() or path.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
             coco_id = _image_id(split.name, path.name)

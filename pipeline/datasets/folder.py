@@ -3,24 +3,25 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
+from pathlib import PurePosixPath
 
 from pipeline.datasets.base import IMAGE_SUFFIXES, DatasetError, ImageRef
+from shards.storage import as_path, relative_posix, sort_paths
 
 
-def list_folder(root: str | Path) -> list[ImageRef]:
+def list_folder(root: str) -> list[ImageRef]:
     """Image files under `root` (recursive, by suffix); id = path relative to root, no suffix.
 
     Files are chosen by suffix only: a corrupt file with an image suffix is listed and fails
     later with a per-image error record, so nothing is skipped silently.
     """
-    root = Path(root)
+    root = as_path(root)
     if not root.is_dir():
         raise DatasetError(f"folder dataset root {root} is not a directory")
     refs = []
-    for path in sorted(root.rglob("*")):
+    for path in sort_paths(root.rglob("*")):
         if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
-            image_id = path.relative_to(root).with_suffix("").as_posix()
+            image_id = str(PurePosixPath(relative_posix(path, root)).with_suffix(""))
             refs.append(ImageRef(dataset="folder", image_id=image_id, path=path))
     if not refs:
         raise DatasetError(

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 
 from pipeline.datasets.base import DatasetError, ImageRef, examples
+from shards.storage import as_path, is_url
 
 log = logging.getLogger(__name__)
 
 
-def list_from_file(root: str | Path) -> list[ImageRef]:
+def list_from_file(root: str) -> list[ImageRef]:
     """One ref per image line of the list file `root`; see the module docstring."""
-    list_path = Path(root)
+    list_path = as_path(root)
     if not list_path.is_file():
         raise DatasetError(
             f"list root {list_path}: expected a text file with one image per line (PATH or "
@@ -44,7 +44,8 @@ def list_from_file(root: str | Path) -> list[ImageRef]:
                 f"{list_path}:{line_no}: expected PATH or ID<TAB>PATH, found {line!r}"
             )
         image_id = fields[0] if len(fields) == 2 else os.path.splitext(fields[0])[0]
-        ref = ImageRef(dataset="list", image_id=image_id, path=list_path.parent / fields[-1])
+        path = as_path(fields[-1]) if is_url(fields[-1]) else list_path.parent / fields[-1]
+        ref = ImageRef(dataset="list", image_id=image_id, path=path)
         if image_id in refs:
             first_no, first = refs[image_id]
             raise DatasetError(

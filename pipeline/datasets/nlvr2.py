@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import logging
 import re
-from pathlib import Path
 
 from pipeline.datasets.base import (
     IMAGE_SUFFIXES, DatasetError, ImageRef, describe_contents, examples,
 )
+from shards.storage import as_path, relative_posix, sort_paths
 
 IMAGE_NAME = re.compile(r"(?P<split>[a-z0-9]+)-\d+-\d+-img[01]")
 EXPECTED = (
@@ -55,20 +55,20 @@ def _partner(image_id: str) -> str:
     return image_id[:-1] + ("1" if image_id.endswith("0") else "0")
 
 
-def list_nlvr2(root: str | Path) -> list[ImageRef]:
+def list_nlvr2(root: str) -> list[ImageRef]:
     """Every pair image under `root`/images; see the module docstring."""
-    root = Path(root)
+    root = as_path(root)
     images = root / "images"
-    splits = sorted(p for p in images.iterdir() if p.is_dir()) if images.is_dir() else []
+    splits = sort_paths(p for p in images.iterdir() if p.is_dir()) if images.is_dir() else []
     refs: dict[str, ImageRef] = {}
     for split in splits:
         unexpected = []
-        for path in sorted(split.rglob("*")):
+        for path in sort_paths(split.rglob("*")):
             if not path.is_file() or path.suffix.lower() not in IMAGE_SUFFIXES:
                 continue
             match = IMAGE_NAME.fullmatch(path.stem)
             if match is None or match["split"] != split.name:
-                unexpected.append(path.relative_to(images).as_posix())
+                unexpected.append(relative_posix(path, images))
                 continue
             if path.stem in refs:
                 first = refs[path.stem].path

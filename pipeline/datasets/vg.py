@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from urllib.parse import urlparse
 
 from pipeline.datasets.base import DatasetError, ImageRef, describe_contents, examples
+from shards.storage import Location, as_path
 
 FOLDERS = ("VG_100K", "VG_100K_2")
 EXPECTED = "expected image_data.json and the image folders VG_100K/ and VG_100K_2/"
@@ -32,7 +32,7 @@ EXPECTED = "expected image_data.json and the image folders VG_100K/ and VG_100K_
 log = logging.getLogger(__name__)
 
 
-def _entries(path: Path) -> list[tuple[int, str]]:
+def _entries(path: Location) -> list[tuple[int, str]]:
     """(image id, url) of every image_data.json entry, in file order."""
     try:
         data = json.loads(path.read_bytes())
@@ -55,11 +55,11 @@ def _search_order(url: str) -> list[str]:
     return sorted(FOLDERS, key=lambda folder: folder != named)
 
 
-def list_vg(root: str | Path) -> list[ImageRef]:
+def list_vg(root: str) -> list[ImageRef]:
     """One ref per image_data.json entry; see the module docstring."""
-    root = Path(root)
+    root = as_path(root)
     index_path = root / "image_data.json"
-    present = {f: set(os.listdir(root / f)) for f in FOLDERS if (root / f).is_dir()}
+    present = {f: {p.name for p in (root / f).iterdir()} for f in FOLDERS if (root / f).is_dir()}
     if not index_path.is_file() or not present:
         raise DatasetError(f"vg root {root}: {EXPECTED}; found: {describe_contents(root)}")
     refs: dict[str, ImageRef] = {}

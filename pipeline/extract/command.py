@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from pipeline.common.arguments import add_config_args
 from pipeline.common.config import ConfigError
 from pipeline.datasets import READERS, DatasetError
+from shards.storage import as_path
 
 HELP = "detect regions and write feature shards"
 DESCRIPTION = (
@@ -26,11 +26,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "reader's docstring (pipeline/datasets/)",
     )
     parser.add_argument(
-        "--root", required=True, help="dataset root directory (for --dataset list: the list file)"
+        "--root", required=True, help="dataset root directory (for --dataset list: the list "
+        "file); a path or a URL such as s3://bucket/coco"
     )
     parser.add_argument(
         "--out", required=True, help="output directory for the shards (new, empty, or an earlier "
-        "extraction's to resume)"
+        "extraction's to resume); a path or a URL such as s3://bucket/feats/coco"
     )
     add_weights_args(parser)
     parser.add_argument(
@@ -118,11 +119,11 @@ def run(args: argparse.Namespace) -> int:
         decoders=args.decoders,
     )
     given = load_given_boxes(args.given_boxes) if args.given_boxes else None
-    check_output_dir(Path(args.out))
+    check_output_dir(as_path(args.out))
     tally = extract_dataset(
         job, args.dataset, args.root, args.out, weights, given, address=args.address
     )
-    print(format_summary(tally, Path(args.out)))
+    print(format_summary(tally, as_path(args.out)))
     failures = sum(tally.failed.values())
     if failures:
         print(f"  each image's outcome and error is in its shard's *_status.json under {args.out}")

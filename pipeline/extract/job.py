@@ -31,6 +31,7 @@ from pipeline.extract.output import (
     save_job_config,
 )
 from pipeline.extract.plan import plan_shards, plan_units
+from shards.storage import as_path, is_url, make_dirs
 from shards.writer import completed_shards, write_manifest
 
 
@@ -45,7 +46,8 @@ def extract_dataset(
     address: str | None = None,
 ) -> Tally:
     """Extract every image of `dataset` under `root` into shards in `out_dir` (resumable)."""
-    root = str(Path(root).resolve())  # the images' paths then mean the same to Ray's workers
+    if not is_url(root):
+        root = str(Path(root).resolve())  # the images' paths then mean the same to Ray's workers
     record = {"dataset": dataset, "root": root}
     refs = list_images(dataset, root)
     return extract_refs(job, refs, record, out_dir, weights, given_boxes, show_progress, address)
@@ -76,8 +78,8 @@ def extract_refs(
         extractor, detector = build_extractor(job, weights)
     else:
         detector = detector_record(job, weights)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = as_path(out_dir)
+    make_dirs(out_dir)
     tally = Tally()
     with OutputLock(out_dir):
         save_job_config(out_dir, record | {"detector": detector, "config": job.sample_config()})

@@ -10,6 +10,11 @@
                           (with the error); written before the rename
     {name}_stats.json     written last: a shard is complete iff this file exists
     manifest.json         the shards, counts and checksums
+
+The directory may be a URL (s3://bucket/prefix, any fsspec filesystem): shards and JSON files are
+then uploaded whole when complete (shards.storage), and extract.log is kept in a local file and
+uploaded every 10 s and at the end. An object store has no locks: there, two runs started into
+one URL at the same time are not refused (they write the same shards, the log of one is lost).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -31,7 +36,8 @@ from pipeline.extract.config import ExtractJobConfig
 from pipeline.extract.plan import Unit
 from pipeline.extract.steps import Prepared
 from shards.schema import build_sample
-from shards.writer import MANIFEST_NAME, STATS_SUFFIX, ShardWriter, write_json_atomic
+from shards.storage import Location, is_url, staging_file, upload, write_json_atomic
+from shards.writer import MANIFEST_NAME, STATS_SUFFIX, ShardWriter
 
 CONFIG_NAME = "extract_config.yaml"
 LOG_NAME = "extract.log"
@@ -41,7 +47,7 @@ OUTPUT_NAMES = (CONFIG_NAME, LOG_NAME, ".lock", MANIFEST_NAME, "*.tar", f"*{STAT
                 f"*{STATS_SUFFIX}", ".*.tmp")
 
 
-def check_output_dir(out_dir: Path) -> None:
+def check_output_dir(out_dir: Location) -> None:
     """Refuse an output directory that holds what no extraction writes (a training run, images):
     shards are written only into a new, an empty or an earlier extraction's directory."""
     if not out_dir.exists():
@@ -60,12 +66,16 @@ def check_output_dir(out_dir: Path) -> None:
 
 
 class OutputLock:
-    """An exclusive lock on the output directory: two runs into one directory are refused."""
+    """An exclusive lock on the output directory: two runs into one directory are refused (on a
+    local or network filesystem; an object store has no locks, see the module docstring)."""
 
-    def __init__(self, out_dir: Path):
+    def __init__(self, out_dir: Location):
         self.path = out_dir / ".lock"
+        self.file = None
 
     def __enter__(self) -> OutputLock:
+        if is_url(self.path):
+            return self
         self.file = self.path.open("w")
         try:
             fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -75,11 +85,12 @@ class OutputLock:
         return self
 
     def __exit__(self, *exc) -> None:
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()
+        if self.file is not None:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
 
 
-def save_job_config(out_dir: Path, record: dict) -> None:
+def save_job_config(out_dir: Location, record: dict) -> None:
     """Write `record` (dataset, root, detector, config); refuse a directory made with another one,
     naming each differing key with its old and new value.
 
@@ -112,19 +123,40 @@ def _differences(old: Any, new: Any, key: str = "") -> dict[str, tuple[Any, Any]
 
 
 class ExtractLog:
-    """`extract.log` in the output directory, appended: one timestamped line per event."""
+    """`extract.log` in the output directory, appended: one timestamped line per event.
 
-    def __init__(self, out_dir: Path):
-        self.file = (out_dir / LOG_NAME).open("a", encoding="utf-8")
+    For a URL the log is appended to a local copy (the earlier runs' lines first), which is
+    uploaded at the first line, then at most every `UPLOAD_EVERY` seconds, and when the log
+    closes."""
+
+    UPLOAD_EVERY = 10.0
+
+    def __init__(self, out_dir: Location):
+        path = out_dir / LOG_NAME
+        self.remote, local = None, path
+        if is_url(path):
+            self.remote, local = path, staging_file(path)
+            local.write_bytes(path.read_bytes() if path.exists() else b"")
+        self.file = local.open("a", encoding="utf-8")
+        self.uploaded = -self.UPLOAD_EVERY
 
     def write(self, text: str) -> None:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         for line in text.splitlines():
             self.file.write(f"{stamp} {line}\n")
         self.file.flush()
+        if self.remote is not None and time.monotonic() - self.uploaded >= self.UPLOAD_EVERY:
+            self._upload()
+
+    def _upload(self) -> None:
+        upload(Path(self.file.name), self.remote)
+        self.uploaded = time.monotonic()
 
     def close(self) -> None:
         self.file.close()
+        if self.remote is not None:
+            self._upload()
+            Path(self.file.name).unlink()
 
 
 @dataclass
@@ -156,7 +188,7 @@ class ShardSink:
     """
 
     def __init__(
-        self, out_dir: Path, job: ExtractJobConfig, detector: dict, tally: Tally, log: ExtractLog,
+        self, out_dir: Location, job: ExtractJobConfig, detector: dict, tally: Tally, log: ExtractLog,
         progress: tqdm,
     ):
         self.out_dir = out_dir
@@ -236,16 +268,16 @@ class ShardSink:
             detector=self.detector,
             params=self.params,
             image_bytes=item.data if keep else None,
-            image_ext=_image_ext(Path(ref.member or ref.path)) if keep else None,
+            image_ext=_image_ext(PurePosixPath(str(ref.member or ref.path))) if keep else None,
         )
 
 
-def _image_ext(path: Path) -> str:
+def _image_ext(path: PurePosixPath) -> str:
     ext = path.suffix.lower().lstrip(".")
     return "jpg" if ext == "jpeg" else ext
 
 
-def format_summary(tally: Tally, out_dir: Path) -> str:
+def format_summary(tally: Tally, out_dir: Location) -> str:
     """Images ok / failed by reason, boxes per image, throughput and wall time of one run."""
     lines = [f"shards in {out_dir}"]
     if tally.skipped_shards:

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pipeline.common.arguments import Actions
 from pipeline.common.config import ConfigError, resolve
+from shards.storage import as_path
 
 HELP = "inspect, verify and convert feature shards"
 DESCRIPTION = "Check a shard set, or convert features between shards and LXMERT-style TSV files."
@@ -64,9 +65,9 @@ def _verify(args: argparse.Namespace) -> int:
     from shards.verify import verify_report
 
     resolve(NoOptions(), args.config, args.sets)
-    if not Path(args.dir).is_dir():
+    directory = as_path(args.dir)
+    if not directory.is_dir():
         raise ConfigError(f"{args.dir} is not a directory")
-    directory = Path(args.dir)
     report = verify_report(directory)
     for problem in report.problems:  # DIR/SHARD.tar/KEY: message, or DIR: message
         print(f"{directory}/{problem}" if problem.shard else f"{directory}: {problem.message}")

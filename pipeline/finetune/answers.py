@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipeline.corpus.answers import FULL_SCORE, VQA_SCORES, normalize_answer
 from pipeline.finetune.examples import Example, ExamplesError
+from shards.storage import as_path
 
 VQA_MIN_COUNT = 9  # compute_softscore.py's min_occurence: 3129 answers on train2014 + val2014
 
@@ -66,7 +67,7 @@ class AnswerVocab:
     @classmethod
     def load(cls, path: Path) -> AnswerVocab:
         """Read our `{"answers": [...]}` or LXMERT's plain list (trainval_label2ans.json)."""
-        path = Path(path)
+        path = as_path(path)
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as err:

@@ -22,6 +22,7 @@ from pipeline.finetune.config import TaskDataConfig
 from pipeline.finetune.examples import Example, TaskDataError, read_gqa, read_nlvr2, read_vqa
 from shards.schema import Sample
 from shards.store import FeatureStore
+from shards.storage import as_path
 
 Row = tuple[Example, tuple[Sample, ...]]
 
@@ -52,11 +53,11 @@ def holdout_images(corpus: Path) -> set[str]:
 
 def task_examples(task: str, data: TaskDataConfig) -> tuple[list[Example], list[Example]]:
     """(training examples, validation examples) of the config."""
-    root = Path(data.root)
+    root = as_path(data.root)
     train = [e for subset in data.train for e in subset_examples(task, root, subset)]
     val = subset_examples(task, root, data.val)
     if data.holdout:
-        held = holdout_images(Path(data.holdout))
+        held = holdout_images(as_path(data.holdout))
         train = [e for e in train if not set(e.images) & held]
         if data.val not in data.train:  # LXMERT's nominival: the val subset outside minival
             train += [e for e in val if not set(e.images) & held]

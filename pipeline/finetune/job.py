@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -111,7 +110,7 @@ def transfer_answer_head(model: AnswerModel, head: nn.Module, vocab: AnswerVocab
 
 def answer_vocab(config: FinetuneConfig, train) -> AnswerVocab:
     if config.data.answers:
-        return AnswerVocab.load(Path(config.data.answers))
+        return AnswerVocab.load(config.data.answers)
     if config.task == "vqa":
         return build_vqa_vocab(train, config.data.min_answer_count)
     return build_gqa_vocab(train)

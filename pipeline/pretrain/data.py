@@ -56,6 +56,7 @@ from shards.reader import (
 )
 from shards.schema import Sample, SchemaError
 from shards.store import scan_shard
+from shards.storage import as_path, sort_paths
 
 Row = tuple[Pair, Sample]
 # Keys shown in messages about missing or mismatched images.
@@ -115,7 +116,7 @@ def _join(
     corpus_dir: str | os.PathLike | None,
 ) -> tuple[list[_Shard], JoinReport]:
     """Scan the shards' headers (sorted by path), match their keys with the corpus."""
-    paths = sorted(Path(p) for p in shard_paths)
+    paths = sort_paths(as_path(p) for p in shard_paths)
     if not paths:
         raise JoinError("no shards given")
     if len(set(paths)) != len(paths):
@@ -446,7 +447,7 @@ class TextStream:
     ):
         _check_positive(batch_size=batch_size)
         _check_rank(rank, world_size)
-        self.path = Path(path)
+        self.path = as_path(path)
         self.batch_size, self.rank, self.world_size, self.seed = batch_size, rank, world_size, seed
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no text file (corpus text.txt)")
@@ -476,7 +477,7 @@ class TextStream:
         positions = range(first, first + self.batch_size)
         lines = [int(self._permutation(p // n)[p % n]) for p in positions]
         out = []
-        with open(self.path, "rb") as f:
+        with self.path.open("rb") as f:
             for line in lines:
                 f.seek(int(self._starts[line]))
                 raw = f.read(int(self._ends[line] - self._starts[line]))
@@ -492,7 +493,7 @@ class TextStream:
 def _line_spans(path: Path, chunk_bytes: int = 1 << 24) -> tuple[np.ndarray, np.ndarray]:
     """(starts, ends) byte offsets of the non-empty lines, newline excluded, read in chunks."""
     newlines, size = [], 0
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         while chunk := f.read(chunk_bytes):
             newlines.append(np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + size)
             size += len(chunk)

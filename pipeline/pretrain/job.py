@@ -21,6 +21,7 @@ from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.job import Job
 from pipeline.train.loop import count_steps
 from shards.reader import iter_samples, list_shards
+from shards.storage import as_path
 
 # The config's files and directories, made absolute before the run starts.
 PATHS = ("data.corpus", "data.shards", "data.tokenizer", "run.init_text")
@@ -61,14 +62,14 @@ def train_stream(config: PretrainConfig, rank: int, world: int) -> PretrainStrea
     data = config.data
     return PretrainStream(
         [shard for source in data.shards for shard in list_shards(source)],
-        load_pairs(Path(data.corpus), data.train_splits, data.sources or None),
+        load_pairs(data.corpus, data.train_splits, data.sources or None),
         batch_size=config.micro_batch,
         rank=rank,
         world_size=world,
         seed=config.run.seed,
         shuffle_buffer=data.shuffle_buffer,
         max_boxes=data.max_boxes,
-        corpus_dir=Path(data.corpus),
+        corpus_dir=data.corpus,
     )
 
 
@@ -80,7 +81,7 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
     tokenizer = load_tokenizer(data.tokenizer or None)
     train = train_stream(config, rank, world)
     shards = train.shard_paths
-    corpus = Path(data.corpus)
+    corpus = as_path(data.corpus)
     config = derive(
         config,
         vocab_size=tokenizer.vocab_size,

@@ -7,6 +7,7 @@ loop.py         Trainer and train_loop: steps, DDP, validation, exact resume, lo
 errors.py       DivergenceError (torch-free: the command line names it)
 launch.py       run_training: in this process, or on Ray Train workers
 checkpoint.py   run-directory checkpoints (state + the model in our checkpoint format)
+remote.py       a run directory at a URL (s3://...): local working copies, pushed and pulled
 logs.py         metrics.jsonl and TensorBoard
 plot.py         `pipeline plot`: loss curves as a PNG
 convert.py      `pipeline convert`: checkpoints between our, Hugging Face and official formats

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.common.arguments import add_config_args
@@ -14,11 +13,14 @@ from pipeline.common.arguments import add_config_args
 if TYPE_CHECKING:  # the verbs' parsers are built without torch
     from pipeline.train.job import Job
 from pipeline.common.config import ConfigError
+from shards.storage import Location, as_path
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """--out, --resume, --workers, --address, --ray-logs, then --config and --set."""
-    parser.add_argument("--out", required=True, help="run directory")
+    parser.add_argument(
+        "--out", required=True, help="run directory: a path or a URL such as s3://bucket/runs/x"
+    )
     parser.add_argument(
         "--resume", action="store_true",
         help="continue the run in --out from its latest checkpoint (its config.yaml is used; "
@@ -40,10 +42,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     add_config_args(parser)
 
 
-def run_config_path(args: argparse.Namespace, verb: str) -> str | Path | None:
+def run_config_path(args: argparse.Namespace, verb: str) -> str | Location | None:
     """The YAML a run starts from: the run's own config.yaml with --resume, else --config; a run
     directory that holds a run already needs --resume."""
-    out, saved = Path(args.out), Path(args.out) / "config.yaml"
+    out = as_path(args.out)
+    saved = out / "config.yaml"
     if not args.resume:
         if saved.exists():
             raise ConfigError(
@@ -71,7 +74,7 @@ def train(build: Callable[[dict, int, int], Job], config: Any, args: argparse.Na
     final validation record."""
     from pipeline.train.launch import run_training
 
-    final = run_training(build, config, Path(args.out), resume=args.resume, address=args.address,
+    final = run_training(build, config, args.out, resume=args.resume, address=args.address,
                          ray_logs=args.ray_logs)
     shown = {k: round(v, 4) for k, v in final.items() if isinstance(v, float)}
     print(f"final validation (step {final.get('step')}): {shown}")

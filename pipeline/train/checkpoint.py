@@ -22,14 +22,15 @@ from typing import Any
 import torch
 
 from model.checkpoints.formats import save_ours
+from shards.storage import Location, as_path
 
 CHECKPOINTS = "checkpoints"
 POSITION = "position.json"
 
 
-def checkpoint_dirs(run_dir: Path) -> list[Path]:
-    """Complete checkpoints of a run, oldest first."""
-    root = Path(run_dir) / CHECKPOINTS
+def checkpoint_dirs(run_dir: Location) -> list[Location]:
+    """Complete checkpoints of a run (a local directory or a URL), oldest first."""
+    root = as_path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
     done = [p for p in root.glob("step_*") if p.suffix != ".tmp" and (p / POSITION).is_file()]

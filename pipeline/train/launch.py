@@ -11,6 +11,8 @@ local Ray also keep this command's directory.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,19 +24,21 @@ from pipeline.common.config import to_dict
 from pipeline.train.job import Job
 from pipeline.train.logs import read_metrics
 from pipeline.train.loop import train_loop
+from shards.storage import is_url
 
 
 def run_training(
-    build: Callable[[dict, int, int], Job], config: Any, run_dir: Path, *,
+    build: Callable[[dict, int, int], Job], config: Any, run_dir: str | Path, *,
     resume: bool = False, address: str | None = None, ray_logs: bool = False,
 ) -> dict:
     """Train the Job that `build(to_dict(config), rank, world)` makes on each worker (a module-level
     function, so Ray can send it by name); returns the final validation record of the run's
-    metrics.jsonl. `config` has the trainer's sections `run` and `optim`. ray_logs: show Ray's
+    metrics.jsonl. `config` has the trainer's sections `run` and `optim`. run_dir: a directory or
+    a URL (s3://...; train.remote). ray_logs: show Ray's
     own logs (otherwise only the workers' output is shown)."""
-    run_dir = Path(run_dir).resolve()
+    run_dir = str(run_dir) if is_url(run_dir) else str(Path(run_dir).resolve())
     loop_config = {
-        "build": build, "config": to_dict(config), "run_dir": str(run_dir), "resume": resume,
+        "build": build, "config": to_dict(config), "run_dir": run_dir, "resume": resume,
     }
     if config.run.workers == 0:
         train_loop(loop_config)
@@ -45,7 +49,7 @@ def run_training(
 
 
 def _fit_with_ray(
-    config: Any, loop_config: dict, run_dir: Path, address: str | None, ray_logs: bool
+    config: Any, loop_config: dict, run_dir: str, address: str | None, ray_logs: bool
 ) -> None:
     from pipeline.common.ray_session import ray_session, say
 
@@ -56,6 +60,9 @@ def _fit_with_ray(
     # would move the workers into the run's storage directory.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     os.environ.setdefault("RAY_CHDIR_TO_TRIAL_DIR", "0")
+    # Ray Train's own run state; a run at a URL keeps it on this machine (we report no checkpoints
+    # to Ray Train: the workers write their own, train.checkpoint and train.remote).
+    storage = tempfile.mkdtemp(prefix="vlpipe-ray-train-") if is_url(run_dir) else run_dir
     with ray_session(address, without_ray="--workers 0", forward="RayTrainWorker",
                      ray_logs=ray_logs):
         from ray.train import LoggingConfig, RunConfig, ScalingConfig, WorkerGroupError
@@ -73,7 +80,7 @@ def _fit_with_ray(
             # Ray Train's own messages: worker groups, resource requests, and a failed worker's
             # traceback, which is raised here.
             run_config=RunConfig(
-                name="ray", storage_path=str(run_dir),
+                name="ray", storage_path=storage,
                 logging_config=LoggingConfig(log_level="INFO" if ray_logs else "CRITICAL"),
             ),
         )
@@ -83,3 +90,6 @@ def _fit_with_ray(
             # The lowest failing rank's own exception (after Ray's report of it), so that an error
             # in what the user gave (a checkpoint of another model, say) reads as with --workers 0.
             raise min(err.worker_failures.items())[1] from err
+        finally:
+            if storage != run_dir:
+                shutil.rmtree(storage, ignore_errors=True)

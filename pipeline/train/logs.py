@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from shards.storage import as_path
+
 METRICS = "metrics.jsonl"
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """Every record of a run's metrics.jsonl, in order."""
-    path = Path(run_dir) / METRICS
+    """Every record of a run's metrics.jsonl (a local directory or a URL), in order."""
+    path = as_path(run_dir) / METRICS
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (is {run_dir} a pretraining run directory?)")
     records = []

@@ -33,6 +33,8 @@ from pipeline.train.errors import DivergenceError
 from pipeline.train.job import Job
 from pipeline.train.logs import RunLog, truncate_metrics
 from pipeline.train.plot import plot_run
+from pipeline.train.remote import pull, push, working_copy
+from shards.storage import is_url
 
 
 @dataclass
@@ -112,9 +114,12 @@ class _Reducer:
 class Trainer:
     """Holds one worker's run of a Job; `fit()` trains to the end, checkpointing and logging."""
 
-    def __init__(self, job: Job, run_dir: Path, *, rank: int = 0, world: int = 1) -> None:
+    def __init__(self, job: Job, run_dir: Path, *, rank: int = 0, world: int = 1,
+                 mirror: str | None = None) -> None:
+        """run_dir: the local run directory; mirror: the URL it is pushed to (train.remote)."""
         self.rank, self.world = rank, world
         self.run_dir = Path(run_dir)
+        self.mirror = mirror
         self.job = job
         self.config = job.config
         self.device = job.device
@@ -180,6 +185,8 @@ class Trainer:
                 export_state={k: v.detach().cpu() for k, v in export_state.items()},
                 keep=self.config.run.keep_checkpoints,
             )
+            if self.mirror is not None:
+                push(self.run_dir, self.mirror, self.config.run.keep_checkpoints)
         if self.world > 1:
             dist.barrier()
 
@@ -316,6 +323,8 @@ class Trainer:
         if self.log is not None:
             self.log.close()
             plot_run(self.run_dir)
+            if self.mirror is not None:
+                push(self.run_dir, self.mirror, self.config.run.keep_checkpoints)
         return last_val
 
     def _train_record(self, step, epoch, lr, losses_sum, metrics_sum, samples_per_s) -> dict:
@@ -433,7 +442,12 @@ def train_loop(loop_config: dict) -> dict[str, float]:
     caller_threads = torch.get_num_threads()
     try:
         job = loop_config["build"](loop_config["config"], rank, world)
-        trainer = Trainer(job, Path(loop_config["run_dir"]), rank=rank, world=world)
+        run_dir, mirror = loop_config["run_dir"], None
+        if is_url(run_dir):
+            mirror, run_dir = run_dir, working_copy(run_dir, rank)
+            if loop_config.get("resume"):
+                pull(mirror, run_dir, metrics=rank == 0)
+        trainer = Trainer(job, Path(run_dir), rank=rank, world=world, mirror=mirror)
         if loop_config.get("resume"):
             trainer.resume()
         if trainer.rank == 0:

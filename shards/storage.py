@@ -1,0 +1,111 @@
+"""Where files live: a local path, or an fsspec URL (s3://bucket/key, gs://..., memory://...).
+
+`as_path` makes either a pathlib-style object: `pathlib.Path` for a local path, a
+universal_pathlib `UPath` for a URL, so the code that lists, reads and writes whole files is the
+same for both. What differs is publishing a file that must appear complete or not at all (a shard,
+a stats file, a checkpoint's files): a local one is written under a temporary name and renamed,
+which is atomic within a filesystem; an object store has no rename, but an upload is atomic (the
+object is visible only once the upload completes), so a file for a URL is written to a local
+staging file and uploaded in one put (`publish`).
+
+Credentials and endpoints are fsspec's: for S3, the usual AWS variables (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for a non-AWS server such as MinIO), read on every node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Union
+
+from upath import UPath
+
+Location = Union[Path, UPath]
+
+
+def is_url(value: str | os.PathLike | UPath) -> bool:
+    """Whether `value` names an object in an fsspec filesystem ("scheme://...")."""
+    return "://" in str(value)
+
+
+def as_path(value: str | os.PathLike | UPath) -> Location:
+    """`value` as a Path (local) or a UPath (URL)."""
+    if isinstance(value, (Path, UPath)):
+        return value
+    return UPath(str(value)) if is_url(value) else Path(value)
+
+
+def staging_file(final: Location) -> Path:
+    """Where to write `final` before `publish`: beside it under a hidden temporary name (local),
+    or a fresh local temporary file (URL)."""
+    if not is_url(final):
+        return final.with_name(f".{final.name}.tmp")
+    handle, name = tempfile.mkstemp(prefix="vlpipe-", suffix=f"-{final.name}")
+    os.close(handle)
+    return Path(name)
+
+
+def publish(staged: Path, final: Location) -> None:
+    """Make the finished local file `staged` appear at `final` in one step (rename, or upload and
+    delete the staging file)."""
+    if is_url(final):
+        upload(staged, final)
+        staged.unlink()
+    else:
+        os.replace(staged, final)
+
+
+def upload(local: Path, remote: UPath) -> None:
+    """Put a copy of the local file at the URL `remote` (one atomic put)."""
+    remote.fs.put_file(str(local), remote.path)
+
+
+def write_atomic(path: str | os.PathLike | UPath, data: bytes) -> None:
+    """Write `data` to `path` so that it is never seen half-written (see `publish`); on failure
+    nothing is left behind."""
+    final = as_path(path)
+    staged = staging_file(final)
+    try:
+        with open(staged, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        publish(staged, final)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike | UPath, obj: Any) -> None:
+    """Write `obj` as indented JSON to `path`, never half-written (write_atomic)."""
+    text = json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n"
+    write_atomic(path, text.encode("utf-8"))
+
+
+def read_range(path: Location, offset: int, length: int) -> bytes:
+    """`length` bytes of file `path` from `offset` (a URL: one ranged read)."""
+    if is_url(path):
+        return path.fs.cat_file(path.path, start=offset, end=offset + length)
+    with open(path, "rb") as f:
+        return os.pread(f.fileno(), length, offset)
+
+
+def sort_paths(paths) -> list[Location]:
+    """`paths` in one order for local paths and URLs alike (pathlib's: by components)."""
+    return sorted(paths, key=lambda path: path.parts)
+
+
+def relative_posix(path: Location, root: Location) -> str:
+    """`path` below `root` as a relative POSIX path, e.g. "VG_100K/1.jpg"."""
+    relative = str(path)[len(str(root)):].lstrip("/")
+    if not str(path).startswith(str(root)) or not relative:
+        raise ValueError(f"{path} is not below {root}")
+    return relative
+
+
+def make_dirs(path: Location) -> None:
+    """Create directory `path` and its parents (an object store has no directories: nothing)."""
+    if not is_url(path):
+        path.mkdir(parents=True, exist_ok=True)
