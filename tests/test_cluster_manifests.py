@@ -83,7 +83,12 @@ def test_pod_templates_are_valid_kubernetes(path):
         kubernetes_validate.validate(pod_template, K8S, strict=True)
         security = template["spec"]["securityContext"]
         assert (security["runAsUser"], security["runAsGroup"]) == (1001, 1001)  # the image's user
-        assert all(c["image"].endswith("/vlpipe:gpu") for c in template["spec"]["containers"])
+        for container in template["spec"]["containers"]:
+            assert container["image"].endswith("/vlpipe:gpu")
+            # Every node reads s3:// paths itself: all get the store's credentials, if given.
+            assert {"secretRef": {"name": "vlpipe-object-store", "optional": True}} in (
+                container["envFrom"]
+            )
 
 
 @pytest.mark.parametrize("path", RAY_JOBS, ids=lambda p: p.name)
