@@ -4,13 +4,14 @@
                    -> UnitDetector: the unit's good images as one batch (actor pool: `actors`
                       actors with `gpus_per_actor` GPUs each; the detector is loaded once per actor)
                    -> driver: ShardSink writes each shard in plan order and closes it after its
-                      last unit
+                      last unit; extract.log gets the units each node detected
 
 A row is one unit (a detector batch cut from the shard plan), so batches never depend on Ray's
 block boundaries or on where an earlier run stopped, and results come back in plan order
 (preserve_order). Rows are {"unit": index into the driver's unit list, "payload": bytes}, the
 payload pickled between our own processes: (refs, given boxes) -> list[Prepared] decoded ->
-(list[Prepared] detected, stage seconds).
+(list[Prepared] detected, stage seconds); a detected row also names the node (IP) whose actor
+detected it, so a run on a cluster records where its work went.
 
 Faults: Ray Data's defaults (Ray 2.60) restart a dead actor and retry its tasks (max_restarts =
 max_task_retries = -1) and retry a task whose worker died (max_retries = -1); tests pin that.
@@ -18,6 +19,9 @@ A unit's result is a function of the unit alone, so a retried unit gives the sam
 the driver writes files. If the driver dies, Ray ends its job's tasks and actors; an embedded Ray
 (whose processes the driver started with kernel fate-sharing) dies with it, and a re-run starts a
 fresh one (address "local" never joins an existing cluster) and skips the completed shards.
+A cluster node that dies takes its actors, tasks and blocks with it, and Ray redoes them elsewhere
+(tests/test_multinode.py); but the layout is fixed at the start, so on a cluster left smaller the
+restarted actors can hold every CPU the decoders need, and the run waits until a node joins.
 """
 
 from __future__ import annotations
@@ -109,8 +113,11 @@ class UnitDetector:
         self, job: ExtractJobConfig, weights: str | None, detector: dict, layout: RayLayout
     ):
         # Imported here, so the decode workers never load the detector's modules.
+        import ray
+
         from pipeline.extract.detector import build_extractor
 
+        self.node = ray.util.get_node_ip_address()  # named in each row it detects
         if layout.torch_threads:
             torch.set_num_threads(layout.torch_threads)
         self.extractor, loaded = build_extractor(job, weights, layout.device)
@@ -122,7 +129,7 @@ class UnitDetector:
         seconds: Counter = Counter()
         detect_batch(self.extractor, items, seconds)
         payload = pickle.dumps((items, dict(seconds)), pickle.HIGHEST_PROTOCOL)
-        return {"unit": row["unit"], "payload": payload}
+        return {"unit": row["unit"], "payload": payload, "node": self.node}
 
 
 class RayEngine:
@@ -147,12 +154,16 @@ class RayEngine:
             layout = plan_layout(self.job.run, ray.cluster_resources())
             sink.log.write(f"ray: {layout}, cluster {ray.cluster_resources()}")
             rows = self._dataset(ray, units, layout).iter_rows()
+            nodes: Counter = Counter()
             for expected, row in enumerate(rows):
                 if row["unit"] != expected:
                     raise RuntimeError(f"Ray returned unit {row['unit']} where {expected} was due")
                 items, seconds = pickle.loads(row["payload"])
                 sink.tally.seconds.update(seconds)
                 sink.add(units[expected], items)
+                nodes[row["node"]] += 1
+            # Where the detection ran: on a cluster, whether the actors spread over its nodes.
+            sink.log.write(f"ray: units per node {dict(sorted(nodes.items()))}")
 
     def _dataset(self, ray, units: list[Unit], layout: RayLayout):
         from ray.data import ActorPoolStrategy, DataContext, TaskPoolStrategy

@@ -6,6 +6,7 @@ job.py          Job: what the loop trains (model, objective, streams, export), b
 loop.py         Trainer and train_loop: steps, DDP, validation, exact resume, logs, checkpoints
 errors.py       DivergenceError (torch-free: the command line names it)
 launch.py       run_training: in this process, or on Ray Train workers
+gloo.py         gloo across machines: each Ray Train worker bound to its node's Ray address
 checkpoint.py   run-directory checkpoints (state + the model in our checkpoint format)
 remote.py       a run directory at a URL (s3://...): local working copies, pushed and pulled
 logs.py         metrics.jsonl and TensorBoard

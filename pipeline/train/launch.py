@@ -1,11 +1,12 @@
 """Run the training loop: in this process (`run.workers: 0`), or on N Ray Train workers.
 
 Ray Train's TorchTrainer starts the workers, sets up torch.distributed (NCCL on GPUs, gloo on
-CPUs) and calls `train_loop` on each; the loop wraps the model in DistributedDataParallel itself
-and every rank reads its own share of the shards. Without `--address` an embedded local Ray is
-started for the run and shut down after it. The verbs hand over a config whose paths are absolute
-(`prepare_pretrain`, `prepare_finetune`), as workers on other machines need; the workers of a
-local Ray also keep this command's directory.
+CPUs, bound to each node's Ray address: pipeline/train/gloo.py) and calls `train_loop` on each;
+the loop wraps the model in DistributedDataParallel itself and every rank reads its own share of
+the shards. Without `--address` an embedded local Ray is started for the run and shut down after
+it. The verbs hand over a config whose paths are absolute (`prepare_pretrain`,
+`prepare_finetune`), as workers on other machines need; the workers of a local Ray also keep this
+command's directory.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def _fit_with_ray(
         from ray.train import LoggingConfig, RunConfig, ScalingConfig, WorkerGroupError
         from ray.train.torch import TorchConfig, TorchTrainer
 
+        from pipeline.train.gloo import GlooConfig
+
         say(f"starting {run.workers} training worker(s), {cpus} CPU(s) each"
             f"{' and a GPU' if use_gpu else ''}...")
         trainer = TorchTrainer(
@@ -76,7 +79,7 @@ def _fit_with_ray(
             scaling_config=ScalingConfig(
                 num_workers=run.workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus}
             ),
-            torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+            torch_config=TorchConfig(backend="nccl") if use_gpu else GlooConfig(backend="gloo"),
             # Ray Train's own messages: worker groups, resource requests, and a failed worker's
             # traceback, which is raised here.
             run_config=RunConfig(
