@@ -1,7 +1,13 @@
 """`pipeline bench extract` runs end to end on the bundled photos (tiny detector, CPU)."""
 
-from pipeline.common.assets import SAMPLE_IMAGES
+from collections import Counter
+
+import pytest
+
+from pipeline.bench.extract import STAGES, steady_rate, steady_stage_ms
 from pipeline.cli import main
+from pipeline.common.assets import SAMPLE_IMAGES
+from pipeline.extract.output import Tally
 
 TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=64",
         "--random-weights"]
@@ -13,10 +19,30 @@ def test_bench_extract_prints_one_row_per_setting(capsys):
                  "--batch-sizes", "1,2", *TINY])
     assert code == 0
     out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.startswith("| engine |"))
+    assert [c.strip() for c in head.split("|")[9:-1]] == [f"{s} ms" for s in STAGES]
+    assert "prepare ms" in head
     rows = [line for line in out.splitlines() if line.startswith("| local |")]
     assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]
     for row in rows:
         assert float(row.split("|")[4]) > 0  # images/s
+        assert row.split("|")[6].strip() == "1"  # the 3 images include broken_truncated.jpg
+
+
+def test_rates_and_stage_times_count_extracted_images_after_the_warm_up_batch():
+    # Three batches of 4: the first (warm-up) 10 s of backbone, then 1 s each; one image of the
+    # second batch failed to decode.
+    tally = Tally(ok=11, seconds=Counter(backbone=12.0, prepare=0.3, decode=1.2),
+                  warmup_seconds=Counter(backbone=10.0, prepare=0.1, decode=0.4),
+                  timeline=[(100.0, 4, 0), (101.0, 3, 1), (102.0, 4, 0)])
+    assert steady_rate(tally) == pytest.approx(7 / 2.0)  # failures are not throughput
+    ms = steady_stage_ms(tally)
+    assert ms["backbone"] == pytest.approx(1000 * 2.0 / 7)
+    assert ms["prepare"] == pytest.approx(1000 * 0.2 / 7)
+    assert ms["decode"] == pytest.approx(1000 * 0.8 / 7)
+    assert ms["write"] == 0.0
+    one = Tally(ok=4, seconds=Counter(backbone=10.0), timeline=[(100.0, 4, 0)])
+    assert steady_rate(one) == 0.0 and steady_stage_ms(one)["backbone"] == 2500.0
 
 
 def test_bench_extract_needs_weights_or_random_weights(capsys):

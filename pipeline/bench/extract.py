@@ -1,11 +1,14 @@
 """`pipeline bench extract`: images/s and time per stage; with `--ray`, the Ray engine's overhead.
 
 Runs `pipeline extract`'s own path (`extract_refs`: plan, decode, the Extractor, the shard writer)
-over N images into a temporary directory. Throughput is the steady state: images written after
+over N images into a temporary directory. Throughput is the steady state: images extracted after
 the first batch divided by the time from the first batch's write to the last one's, so model
 loading, warm-up and (for Ray) cluster and actor start-up are left out; they are reported apart.
-Images that fail to decode are recorded as in extraction. Stage times are milliseconds per
-written image: decode and preprocess run beside the detector and do not add up to the wall time.
+Images that fail to decode are recorded as in extraction, counted in their own column and never
+in images/s. Stage times are milliseconds per extracted image over the batches after the first
+(the warm-up), every stage of the path: decode and preprocess (the decoding threads or tasks),
+the Extractor's prepare, backbone, rpn, roi_head and selection, and write; decoding runs beside
+the detector, so the stages do not add up to the wall time.
 `--ray` runs the in-process engine and then the Ray engine on the same images, detector and batch
 size, and reports overhead = 1 - ray images/s / in-process images/s.
 """
@@ -30,7 +33,7 @@ from pipeline.extract.config import ExtractJobConfig, resolve_job
 from pipeline.extract.job import extract_refs
 from pipeline.extract.output import Tally
 
-STAGES = ("decode", "preprocess", "backbone", "rpn", "roi_head", "selection", "write")
+STAGES = ("decode", "preprocess", "prepare", "backbone", "rpn", "roi_head", "selection", "write")
 
 
 def bench_refs(folder: Path, count: int) -> list[ImageRef]:
@@ -49,10 +52,21 @@ def hardware() -> str:
 
 
 def steady_rate(tally: Tally) -> float:
-    """Images/s from the first batch's write to the last one's (0 if there is one batch)."""
-    (first, _), (last, _) = tally.timeline[0], tally.timeline[-1]
-    images = sum(n for _, n in tally.timeline[1:])
+    """Extracted images/s from the first batch's write to the last one's (0 if there is one
+    batch)."""
+    first, last = tally.timeline[0][0], tally.timeline[-1][0]
+    images = sum(extracted for _, extracted, _ in tally.timeline[1:])
     return images / (last - first) if last > first else 0.0
+
+
+def steady_stage_ms(tally: Tally) -> dict[str, float]:
+    """Milliseconds per extracted image of each stage, over the batches after the first (all
+    batches when there is only one)."""
+    seconds, images = tally.seconds, tally.ok
+    if len(tally.timeline) > 1:
+        seconds = tally.seconds - tally.warmup_seconds
+        images = sum(extracted for _, extracted, _ in tally.timeline[1:])
+    return {s: 1000 * seconds[s] / max(images, 1) for s in STAGES}
 
 
 def run_engine(job: ExtractJobConfig, refs: list[ImageRef], out: Path, weights: str | None) -> dict:
@@ -60,17 +74,17 @@ def run_engine(job: ExtractJobConfig, refs: list[ImageRef], out: Path, weights: 
     start = time.perf_counter()
     tally = extract_refs(job, refs, {"dataset": "bench", "root": "bench"}, out, weights)
     wall = time.perf_counter() - start
-    n = max(tally.ok, 1)
     return {
         "engine": job.run.engine,
         "batch": job.run.batch_size,
         "precision": job.run.precision,
         "images_per_s": steady_rate(tally),
-        "end_to_end_per_s": len(refs) / wall,
+        "end_to_end_per_s": tally.ok / wall,
+        "failed": sum(tally.failed.values()),
         "ray_start_s": tally.seconds["ray_start"],
         "first_batch_s": tally.timeline[0][0] - start,
-        "boxes_per_image": sum(tally.boxes) / n,
-        **{s: 1000 * tally.seconds[s] / n for s in STAGES},
+        "boxes_per_image": sum(tally.boxes) / max(tally.ok, 1),
+        **steady_stage_ms(tally),
     }
 
 
@@ -108,9 +122,9 @@ def bench_extract(args) -> list[dict]:
 
 
 def format_table(rows: list[dict]) -> str:
-    head = ("| engine | batch | precision | images/s | end to end | start-up s | boxes/img | "
-            + " | ".join(f"{s} ms" for s in STAGES) + " |")
-    lines = [head, "|" + "---|" * (7 + len(STAGES))]
+    head = ("| engine | batch | precision | images/s | end to end | failed | start-up s | "
+            "boxes/img | " + " | ".join(f"{s} ms" for s in STAGES) + " |")
+    lines = [head, "|" + "---|" * (8 + len(STAGES))]
     for r in rows:
         stages = " | ".join(f"{r[s]:.1f}" for s in STAGES)
         startup = f"{r['first_batch_s']:.1f}"
@@ -118,7 +132,8 @@ def format_table(rows: list[dict]) -> str:
             startup += f" (Ray {r['ray_start_s']:.1f})"
         lines.append(
             f"| {r['engine']} | {r['batch']} | {r['precision']} | {r['images_per_s']:.2f} | "
-            f"{r['end_to_end_per_s']:.2f} | {startup} | {r['boxes_per_image']:.1f} | {stages} |"
+            f"{r['end_to_end_per_s']:.2f} | {r['failed']} | {startup} | "
+            f"{r['boxes_per_image']:.1f} | {stages} |"
         )
     for r in rows:
         if "overhead" in r:

@@ -165,7 +165,9 @@ class Tally:
 
     failed: failures counted by reason (the error without the image's location).
     boxes: boxes per written sample. seconds: summed seconds per stage (decode, preprocess, the
-    Extractor's STAGES, write). timeline: (time.perf_counter(), images) as each unit was written.
+    Extractor's STAGES, write). timeline: (time.perf_counter(), images extracted, images failed)
+    as each unit was written. warmup_seconds: `seconds` once the first unit was written (the
+    benchmark leaves the warm-up batch out of its stage times).
     """
 
     ok: int = 0
@@ -176,7 +178,8 @@ class Tally:
     skipped_images: int = 0
     shards_written: int = 0
     wall_seconds: float = 0.0
-    timeline: list[tuple[float, int]] = field(default_factory=list)
+    timeline: list[tuple[float, int, int]] = field(default_factory=list)
+    warmup_seconds: Counter = field(default_factory=Counter)
 
 
 class ShardSink:
@@ -230,7 +233,10 @@ class ShardSink:
         if unit.last:
             self._close()
         self.tally.seconds["write"] += time.perf_counter() - start
-        self.tally.timeline.append((time.perf_counter(), len(items)))
+        extracted = sum(item.error is None for item in items)
+        self.tally.timeline.append((time.perf_counter(), extracted, len(items) - extracted))
+        if len(self.tally.timeline) == 1:
+            self.tally.warmup_seconds = Counter(self.tally.seconds)
         self.progress.update(len(items))
 
     def abort(self) -> None:
