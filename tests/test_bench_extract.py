@@ -20,13 +20,16 @@ def test_bench_extract_prints_one_row_per_setting(capsys):
     assert code == 0
     out = capsys.readouterr().out
     head = next(line for line in out.splitlines() if line.startswith("| engine |"))
-    assert [c.strip() for c in head.split("|")[9:-1]] == [f"{s} ms" for s in STAGES]
+    columns = [c.strip() for c in head.split("|")[1:-1]]
+    assert columns[8:] == [f"{s} ms" for s in STAGES] + ["syncs/img", "ops/img"]
     assert "prepare ms" in head
     rows = [line for line in out.splitlines() if line.startswith("| local |")]
     assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]
     for row in rows:
         assert float(row.split("|")[4]) > 0  # images/s
         assert row.split("|")[6].strip() == "1"  # the 3 images include broken_truncated.jpg
+        syncs, ops = (float(c) for c in row.split("|")[-3:-1])
+        assert syncs > 0 and ops > 100  # random weights: selection's slow path
 
 
 def test_rates_and_stage_times_count_extracted_images_after_the_warm_up_batch():

@@ -11,6 +11,10 @@ the Extractor's prepare, backbone, rpn, roi_head and selection, and write; decod
 the detector, so the stages do not add up to the wall time.
 `--ray` runs the in-process engine and then the Ray engine on the same images, detector and batch
 size, and reports overhead = 1 - ray images/s / in-process images/s.
+
+Host syncs and kernel-launching ops per image (pipeline/bench/dispatch.py) are counted over one
+more Extractor call on the first batch of good images, outside the timed runs: exact on any
+device, and what decides whether a GPU waits on its host.
 """
 
 from __future__ import annotations
@@ -29,9 +33,12 @@ from pipeline.common.config import ConfigError
 from pipeline.common.devices import pick_device
 from pipeline.datasets import ImageRef, list_images
 from pipeline.extract.command import chosen_weights
+from pipeline.bench.dispatch import count_dispatch
 from pipeline.extract.config import ExtractJobConfig, resolve_job
+from pipeline.extract.detector import build_extractor
 from pipeline.extract.job import extract_refs
 from pipeline.extract.output import Tally
+from pipeline.extract.steps import prepare
 
 STAGES = ("decode", "preprocess", "prepare", "backbone", "rpn", "roi_head", "selection", "write")
 
@@ -88,6 +95,19 @@ def run_engine(job: ExtractJobConfig, refs: list[ImageRef], out: Path, weights: 
     }
 
 
+def dispatch_per_image(job: ExtractJobConfig, refs: list[ImageRef], weights: str | None) -> dict:
+    """Host syncs and ops per image of one Extractor call on the first batch of good images
+    (none in box mode "given", which needs boxes the benchmark does not have)."""
+    if job.selection.mode == "given":
+        return {"syncs_per_image": None, "ops_per_image": None}
+    extractor, _ = build_extractor(job, weights)
+    good = (item for item in (prepare(ref, job.preprocess) for ref in refs) if item.error is None)
+    images = [item.image for _, item in zip(range(job.run.batch_size), good)]
+    _, counts = count_dispatch(lambda: extractor(images))
+    n = len(images)
+    return {"syncs_per_image": counts.syncs / n, "ops_per_image": counts.ops / n}
+
+
 def same_samples(a: Path, b: Path) -> bool:
     """Whether two shard directories hold the same samples (per-sample digests in their stats)."""
     def digests(d: Path) -> dict:
@@ -109,11 +129,12 @@ def bench_extract(args) -> list[dict]:
             )
             if precision != "fp32" and pick_device(job.run.device).type != "cuda":
                 raise ConfigError(f"precision {precision} needs a CUDA device")
+            counted = dispatch_per_image(job, refs, weights)
             with tempfile.TemporaryDirectory() as tmp:
                 for engine in engines:
                     run = dataclasses.replace(job.run, engine=engine)
                     engine_job = dataclasses.replace(job, run=run)
-                    rows.append(run_engine(engine_job, refs, Path(tmp) / engine, weights))
+                    rows.append(run_engine(engine_job, refs, Path(tmp) / engine, weights) | counted)
                 if args.ray:
                     local, ray = rows[-2:]
                     ray["overhead"] = 1 - ray["images_per_s"] / local["images_per_s"]
@@ -123,8 +144,8 @@ def bench_extract(args) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     head = ("| engine | batch | precision | images/s | end to end | failed | start-up s | "
-            "boxes/img | " + " | ".join(f"{s} ms" for s in STAGES) + " |")
-    lines = [head, "|" + "---|" * (8 + len(STAGES))]
+            "boxes/img | " + " | ".join(f"{s} ms" for s in STAGES) + " | syncs/img | ops/img |")
+    lines = [head, "|" + "---|" * (10 + len(STAGES))]
     for r in rows:
         stages = " | ".join(f"{r[s]:.1f}" for s in STAGES)
         startup = f"{r['first_batch_s']:.1f}"
@@ -133,7 +154,8 @@ def format_table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['engine']} | {r['batch']} | {r['precision']} | {r['images_per_s']:.2f} | "
             f"{r['end_to_end_per_s']:.2f} | {r['failed']} | {startup} | "
-            f"{r['boxes_per_image']:.1f} | {stages} |"
+            f"{r['boxes_per_image']:.1f} | {stages} | {_count(r['syncs_per_image'])} | "
+            f"{_count(r['ops_per_image'])} |"
         )
     for r in rows:
         if "overhead" in r:
@@ -142,6 +164,10 @@ def format_table(rows: list[dict]) -> str:
                 f"of in-process images/s; same samples: {'yes' if r['same_samples'] else 'NO'}"
             )
     return "\n".join(lines)
+
+
+def _count(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def run(args) -> int:

@@ -1,0 +1,79 @@
+"""What the CPU can count exactly about a GPU's work: kernel-launching ops and host syncs.
+
+`count_dispatch(fn)` runs `fn` under a TorchDispatchMode and sees every aten op it runs:
+- ops: every op that computes (on a GPU, at least one kernel launch each); views (`view`, `t`,
+  `select`, ...) and bare allocations (`empty`, ...) are left out.
+- syncs: the ops after which the host must wait for the device: a Python scalar read
+  (`_local_scalar_dense`: `.item()`, `bool()`, `int()`), ops whose output size depends on the data
+  (`nonzero`, `masked_select`, boolean-mask indexing, `unique`, `repeat_interleave` with tensor
+  repeats), `equal` (returns a Python bool), and copies from a GPU to the host.
+The counts are the same on any device for the same code path, except the device-to-host copies,
+which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are not seen.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+_DATA_DEPENDENT = {
+    "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::equal",
+    "aten::is_nonzero", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+}
+
+_NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+              "aten::new_empty_strided", "aten::lift_fresh"}
+
+
+@dataclass
+class DispatchCounts:
+    """ops and syncs (see the module docstring), and the syncs by op name."""
+
+    ops: int = 0
+    syncs: int = 0
+    sync_ops: Counter = field(default_factory=Counter)
+
+
+def _is_sync(func, args: tuple, kwargs: dict) -> bool:
+    name = func._schema.name
+    if name in _DATA_DEPENDENT:
+        return True
+    if name == "aten::index":  # x[mask]: the output's length is the mask's count
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+                   for i in (args[1] if len(args) > 1 else ()) if i is not None)
+    if name == "aten::repeat_interleave":  # tensor repeats (integer ones never get here)
+        return kwargs.get("output_size") is None
+    if name in ("aten::_to_copy", "aten::copy_"):
+        source = args[1] if name == "aten::copy_" else args[0]
+        target = args[0].device if name == "aten::copy_" else kwargs.get("device")
+        return (isinstance(source, torch.Tensor) and source.device.type == "cuda"
+                and target is not None and torch.device(target).type == "cpu")
+    return False
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self, counts: DispatchCounts):
+        super().__init__()
+        self.counts = counts
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if not func.is_view and func._schema.name not in _NO_KERNEL:
+            self.counts.ops += 1
+        if _is_sync(func, args, kwargs):
+            self.counts.syncs += 1
+            self.counts.sync_ops[func._schema.name] += 1
+        return func(*args, **kwargs)
+
+
+def count_dispatch(fn: Callable[[], Any]) -> tuple[Any, DispatchCounts]:
+    """(fn(), its counts)."""
+    counts = DispatchCounts()
+    with _Counting(counts):
+        result = fn()
+    return result, counts

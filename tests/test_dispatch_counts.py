@@ -1,0 +1,31 @@
+"""The host-sync and kernel counter of the benchmarks, on ops whose counts are known."""
+
+import torch
+
+from pipeline.bench.dispatch import count_dispatch
+
+X = torch.arange(-4.0, 6.0)
+
+
+def counts(fn):
+    _, found = count_dispatch(fn)
+    return found.ops, found.syncs, dict(found.sync_ops)
+
+
+def test_compute_without_syncs():
+    assert counts(lambda: (X * 2 + 1).relu()) == (3, 0, {})
+    assert counts(lambda: X.view(2, 5).t().select(0, 1)) == (0, 0, {})  # views launch nothing
+    assert counts(lambda: torch.empty(3)) == (0, 0, {})
+
+
+def test_every_kind_of_sync_is_counted_once():
+    assert counts(lambda: X.sum().item()) == (2, 1, {"aten::_local_scalar_dense": 1})
+    assert counts(lambda: bool(X[0] > 0)) == (2, 1, {"aten::_local_scalar_dense": 1})
+    assert counts(lambda: X[X > 0]) == (2, 1, {"aten::index": 1})
+    assert counts(lambda: X[torch.tensor([0, 2])]) == (1, 0, {})  # integer indices: no wait
+    assert counts(lambda: torch.nonzero(X)) == (1, 1, {"aten::nonzero": 1})
+    assert counts(lambda: torch.equal(X, X)) == (1, 1, {"aten::equal": 1})
+    assert counts(lambda: X.masked_select(X > 0)) == (2, 1, {"aten::masked_select": 1})
+    repeats = torch.ones(10, dtype=torch.long)
+    assert counts(lambda: X.repeat_interleave(repeats))[1:] == (1, {"aten::repeat_interleave": 1})
+    assert counts(lambda: X.repeat_interleave(2))[1] == 0
