@@ -1,10 +1,13 @@
 """`pipeline bench extract` runs end to end on the bundled photos (tiny detector, CPU)."""
 
+import math
 from collections import Counter
 
 import pytest
+import torch
 
 from pipeline.bench.extract import STAGES, steady_rate, steady_stage_ms
+from pipeline.bench.peaked import logit_scale, peaked_weights
 from pipeline.cli import main
 from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.extract.output import Tally
@@ -55,3 +58,40 @@ def test_bench_extract_needs_weights_or_random_weights(capsys):
     err = capsys.readouterr().err
     assert err.startswith("pipeline: config error: no detector weights")
     assert "--random-weights" in err
+
+
+def test_peaked_scale_is_the_smallest_that_makes_the_median_roi_confident():
+    # Four classes, the first ahead by d: its probability is e^(kd) / (e^(kd) + 3) >= 0.5 from
+    # k = ln 3 / d on; the ladder is 2, 4, 8, ...
+    logits = torch.tensor([[0.1, 0.0, 0.0, 0.0]] * 3 + [[0.0, 0.0, 0.0, 0.0]] * 2)
+    assert math.log(3) / 0.1 == pytest.approx(10.99, abs=0.01)
+    assert logit_scale(logits) == 16.0
+    assert logit_scale(logits * 2) == 8.0  # three of five rows decide the median
+
+
+def test_peaked_weights_scale_only_the_class_logits(tmp_path):
+    from extractor.weights import read_checkpoint, read_safetensors_metadata
+    from pipeline.bench.extract import bench_refs, first_good_images
+    from pipeline.extract.config import resolve_job
+    from pipeline.extract.detector import load_detector
+
+    job = resolve_job(None, [s for s in TINY if s.startswith("detector.")], device="cpu")
+    images = first_good_images(job, bench_refs(SAMPLE_IMAGES, 4), 2)
+    path = peaked_weights(job, images, tmp_path / "peaked.safetensors")
+    scale = float(read_safetensors_metadata(path)["peaked_logit_scale"])
+    _, saved = read_checkpoint(path)
+    random = load_detector(job, None).state_dict()
+    assert saved.keys() == random.keys() and scale > 1
+    for name, tensor in random.items():
+        expected = tensor * scale if "cls_score" in name else tensor
+        assert torch.equal(saved[name], expected), name
+    load_detector(job, str(path))  # loads strictly as the run's detector
+
+
+def test_peaked_scores_need_random_weights(capsys, tmp_path):
+    weights = tmp_path / "w.safetensors"
+    weights.write_bytes(b"")
+    tiny = [arg for arg in TINY if arg != "--random-weights"]
+    assert main(["bench", "extract", "--device", "cpu", "--num-images", "1", "--batch-sizes", "1",
+                 "--scores", "peaked", "--weights", str(weights), *tiny]) == 2
+    assert "--scores peaked scales a random detector" in capsys.readouterr().err

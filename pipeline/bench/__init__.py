@@ -1,6 +1,7 @@
 """`pipeline bench`: what this machine does per second, measured the same way every time.
 
 extract.py        images/s and ms per stage of `pipeline extract`'s own path; --ray: the engine's overhead
+peaked.py         random detector weights with a trained detector's confident scores (--scores peaked)
 dispatch.py       host syncs and kernel-launching ops of a call, counted exactly on any device
 pretrain.py       pretraining samples/s for 1, 2, ... Ray Train workers
 model.py          training samples/s of our model against transformers' (also `python -m pipeline.bench.model`)

@@ -38,6 +38,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     add_weights_args(extract)
     extract.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     extract.add_argument(
+        "--scores", choices=["random", "peaked"], default="random",
+        help="with --random-weights: random (near-uniform class scores: selection's slowest path) "
+        "or peaked (class logits scaled until scores are as confident as a trained detector's)"
+    )
+    extract.add_argument(
         "--ray", action="store_true", help="also run the Ray engine (a local Ray; actors, "
         "decoders via --set run.actors=N ...) and report its overhead"
     )

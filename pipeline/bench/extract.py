@@ -14,7 +14,9 @@ size, and reports overhead = 1 - ray images/s / in-process images/s.
 
 Host syncs and kernel-launching ops per image (pipeline/bench/dispatch.py) are counted over one
 more Extractor call on the first batch of good images, outside the timed runs: exact on any
-device, and what decides whether a GPU waits on its host.
+device, and what decides whether a GPU waits on its host. `--scores peaked` (with
+`--random-weights`) scales the random detector's class logits so that its scores are as confident
+as a trained detector's (pipeline/bench/peaked.py): selection then runs the path users' runs take.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pipeline.common.devices import pick_device
 from pipeline.datasets import ImageRef, list_images
 from pipeline.extract.command import chosen_weights
 from pipeline.bench.dispatch import count_dispatch
+from pipeline.bench.peaked import peaked_weights
 from pipeline.extract.config import ExtractJobConfig, resolve_job
 from pipeline.extract.detector import build_extractor
 from pipeline.extract.job import extract_refs
@@ -95,14 +98,19 @@ def run_engine(job: ExtractJobConfig, refs: list[ImageRef], out: Path, weights: 
     }
 
 
+def first_good_images(job: ExtractJobConfig, refs: list[ImageRef], count: int) -> list:
+    """The first `count` images of `refs` that decode, prepared as the Extractor takes them."""
+    good = (item for item in (prepare(ref, job.preprocess) for ref in refs) if item.error is None)
+    return [item.image for _, item in zip(range(count), good)]
+
+
 def dispatch_per_image(job: ExtractJobConfig, refs: list[ImageRef], weights: str | None) -> dict:
     """Host syncs and ops per image of one Extractor call on the first batch of good images
     (none in box mode "given", which needs boxes the benchmark does not have)."""
     if job.selection.mode == "given":
         return {"syncs_per_image": None, "ops_per_image": None}
     extractor, _ = build_extractor(job, weights)
-    good = (item for item in (prepare(ref, job.preprocess) for ref in refs) if item.error is None)
-    images = [item.image for _, item in zip(range(job.run.batch_size), good)]
+    images = first_good_images(job, refs, job.run.batch_size)
     _, counts = count_dispatch(lambda: extractor(images))
     n = len(images)
     return {"syncs_per_image": counts.syncs / n, "ops_per_image": counts.ops / n}
@@ -120,6 +128,19 @@ def bench_extract(args) -> list[dict]:
     folder = Path(args.images) if args.images else SAMPLE_IMAGES
     refs = bench_refs(folder, args.num_images)
     engines = ("local", "ray") if args.ray else ("local",)
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.scores == "peaked":
+            if weights is not None:
+                raise ConfigError("--scores peaked scales a random detector: use it with "
+                                  "--random-weights (real weights give real scores)")
+            job = resolve_job(args.config, args.sets, device=args.device)
+            images = first_good_images(job, refs, 8)
+            weights = str(peaked_weights(job, images, Path(scratch) / "peaked.safetensors"))
+        return _bench_settings(args, refs, engines, weights)
+
+
+def _bench_settings(args, refs: list[ImageRef], engines: tuple[str, ...],
+                    weights: str | None) -> list[dict]:
     rows = []
     for precision in args.precisions.split(","):
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
@@ -172,6 +193,7 @@ def _count(value: float | None) -> str:
 
 def run(args) -> int:
     rows = bench_extract(args)
-    print(f"hardware: {hardware()}")
+    weights = "random, peaked scores" if args.scores == "peaked" else (args.weights or "random")
+    print(f"hardware: {hardware()}; detector weights: {weights}")
     print(format_table(rows))
     return 0
