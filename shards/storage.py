@@ -18,11 +18,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
-from upath import UPath
+if TYPE_CHECKING:  # imported when a URL is first used: local work needs no fsspec
+    from upath import UPath
 
-Location = Union[Path, UPath]
+Location = Union[Path, "UPath"]
 
 
 def is_url(value: str | os.PathLike | UPath) -> bool:
@@ -32,9 +33,13 @@ def is_url(value: str | os.PathLike | UPath) -> bool:
 
 def as_path(value: str | os.PathLike | UPath) -> Location:
     """`value` as a Path (local) or a UPath (URL)."""
-    if isinstance(value, (Path, UPath)):
+    if isinstance(value, Path):
         return value
-    return UPath(str(value)) if is_url(value) else Path(value)
+    if not is_url(value):
+        return Path(value)
+    from upath import UPath
+
+    return value if isinstance(value, UPath) else UPath(str(value))
 
 
 def staging_file(final: Location) -> Path:

@@ -18,6 +18,8 @@ The rules (pipeline/__init__.py's LAYERS is the layer order):
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -235,3 +237,15 @@ def test_upward_sideways_and_library_imports_are_found(tmp_path):
         "pipeline.pretrain.job -> pipeline.finetune.job: 'finetune' is not below 'pretrain'",
         "shards.schema -> pipeline.common.config: a library imports only itself",
     ]
+
+
+def test_libraries_load_without_ray_or_object_storage_packages():
+    """The GPU box runs extractor, model and shards with torch, torchvision and transformers only:
+    importing them loads neither Ray nor the object-store packages (imported on a URL's first
+    use, shards/storage.py)."""
+    modules = sorted(m for m in modules_of(ROOT) if m.split(".")[0] in LIBRARIES)
+    code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
+            "print(sorted(m for m in ('ray', 'upath', 's3fs') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
