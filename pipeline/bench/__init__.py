@@ -6,5 +6,6 @@ dispatch.py       host syncs and kernel-launching ops of a call, counted exactly
 pretrain.py       pretraining samples/s for 1, 2, ... Ray Train workers
 model.py          training samples/s of our model against transformers' (also `python -m pipeline.bench.model`)
 model_lxmert.py   the LXMERT pair for model.py: same weights, batch and loss in both implementations
+gpu.py            the GPU suite: `python -m pipeline.bench.gpu --out docs/`, first thing on a GPU
 command.py        the verb
 """

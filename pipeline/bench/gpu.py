@@ -1,0 +1,102 @@
+"""The GPU suite: what to run first whenever a GPU is lent, in one command, results into docs/.
+
+    python -m pipeline.bench.gpu --out docs/          (from the repository root)
+
+1. the GPU tests (`pytest -m gpu`), when pytest is installed;
+2. `pipeline bench extract` of the real R101 at 600/1000 (the caffe preset) with random weights
+   whose scores are peaked like a trained detector's, batches 1, 8, 16, 32 in bf16 and fp32;
+3. `python -m pipeline.bench.model`: our LXMERT training step against transformers'.
+
+It writes `gpu_suite.md` (the tables, the command and the hardware) and `gpu_suite.json` (every
+number) into --out. It needs torch, torchvision and transformers only (no Ray: the extraction
+benchmark runs the in-process engine), so it runs on a GPU machine's own Python with this
+repository on its path; `--quick` makes every part small, to check the suite itself on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pipeline.bench import model
+from pipeline.bench.extract import bench_extract, format_table, hardware
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def gpu_tests(quick: bool) -> dict:
+    """`pytest -m gpu` in the repository: its exit code and summary line."""
+    if quick or importlib.util.find_spec("pytest") is None:
+        return {"ran": False, "why": "--quick" if quick else "pytest is not installed"}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    lines = done.stdout.strip().splitlines()
+    return {"ran": True, "exit_code": done.returncode, "summary": lines[-1] if lines else ""}
+
+
+def extraction(quick: bool, device: str | None) -> list[dict]:
+    args = argparse.Namespace(
+        weights=None, random_weights=True, scores="peaked", images=None, ray=False,
+        num_images=4 if quick else 96, batch_sizes="1,2" if quick else "1,8,16,32",
+        precisions="fp32" if quick else "bf16,fp32", device=device, config=None,
+        sets=["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"] if quick else [],
+    )
+    return bench_extract(args)
+
+
+def training(quick: bool, device: str | None, json_path: Path) -> dict:
+    argv = ["--arch", "lxmert", "--json", str(json_path)] + (["--device", device] if device else [])
+    if quick:
+        argv += ["--size", "tiny", "--batch-size", "4", "--steps", "1", "--rounds", "1",
+                 "--warmup", "0"]
+    parser = argparse.ArgumentParser()
+    model.add_args(parser)
+    if model.run(parser.parse_args(argv)) != 0:
+        raise RuntimeError("the model benchmark failed")
+    return json.loads(json_path.read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.bench.gpu", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--out", default="docs", help="folder for gpu_suite.md/.json (docs)")
+    parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda if available)")
+    parser.add_argument("--quick", action="store_true", help="tiny settings (checks the suite)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    report = {"command": "python -m pipeline.bench.gpu " + " ".join(argv or sys.argv[1:]),
+              "hardware": hardware(), "date": time.strftime("%Y-%m-%d", time.gmtime(started))}
+    report["tests"] = gpu_tests(args.quick)
+    report["extraction"] = extraction(args.quick, args.device)
+    report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json")
+    report["seconds"] = time.time() - started
+    (out / "gpu_suite.json").write_text(json.dumps(report, indent=1) + "\n")
+    tests = report["tests"]
+    lines = [
+        "# GPU suite", "",
+        f"`{report['command']}` on {report['hardware']}, {report['date']}, "
+        f"{report['seconds']:.0f} s.", "",
+        "GPU tests: " + (tests["summary"] if tests["ran"] else f"not run ({tests['why']})"), "",
+        "## Extraction: real R101 at 600/1000, random weights with peaked scores", "",
+        format_table(report["extraction"]), "",
+        "## Training step: our LXMERT against transformers'", "",
+        model.format_report(report["training"]), "",
+    ]
+    (out / "gpu_suite.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

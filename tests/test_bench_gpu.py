@@ -1,0 +1,18 @@
+"""The GPU suite runs end to end (`--quick`: tiny settings, on the CPU), so that a session lent a
+GPU can run it unchanged first thing."""
+
+import json
+
+from pipeline.bench.gpu import main
+
+
+def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
+    assert main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "gpu_suite.json").read_text())
+    assert report["tests"] == {"ran": False, "why": "--quick"}
+    assert [(r["batch"], r["precision"]) for r in report["extraction"]] == [(1, "fp32"), (2, "fp32")]
+    assert all(r["images_per_s"] > 0 and r["syncs_per_image"] > 0 for r in report["extraction"])
+    assert [r["model"] for r in report["training"]["results"]][0].startswith("ours")
+    text = (tmp_path / "gpu_suite.md").read_text()
+    assert "## Extraction" in text and "| local | 2 | fp32 |" in text and "samples/s" in text
+    assert "python -m pipeline.bench.gpu --quick" in text
