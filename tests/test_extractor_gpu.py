@@ -3,6 +3,8 @@
 Opt-in (`pytest -m gpu`) and skipped without a CUDA device.
 """
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -78,3 +80,18 @@ def test_real_r101_runs_every_preset_in_bf16(preset, lo, hi):
     out = extractor([resize_image(photo, cfg.preprocess)])[0]
     assert lo <= out.num_boxes <= hi and out.features.shape == (out.num_boxes, 2048)
     assert (out.image_height, out.image_width) == (512, 512)
+
+
+def test_stage_times_come_from_events_without_waiting_between_stages(images, monkeypatch):
+    extractor = Extractor(_config("adaptive"), _random_detector(TINY), device="cuda")
+    extractor(images)  # warm-up
+    waits = []
+    real = torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: waits.append(a) or real(*a))
+    start = time.perf_counter()
+    extractor(images)
+    wall = time.perf_counter() - start
+    assert waits == []  # the stages are timed with events, read after the results
+    timings = extractor.last_timings
+    assert set(timings) == {"prepare", "backbone", "rpn", "roi_head", "selection"}
+    assert all(t >= 0 for t in timings.values()) and sum(timings.values()) <= 1.05 * wall
