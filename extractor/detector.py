@@ -222,12 +222,13 @@ class RoIHeadOutputs:
     """Per-RoI outputs of the box head, RoIs of all images concatenated (R in total).
 
     features: (R, D) res5 output averaged over space. cls_logits: (R, num_classes + 1), background
-    last. box_deltas: (R, 4 * num_classes). attr_logits: (R, num_attributes + 1), "none" last.
+    last. box_deltas: (R, 4 * num_classes), None when not asked for. attr_logits:
+    (R, num_attributes + 1), "none" last.
     """
 
     features: torch.Tensor
     cls_logits: torch.Tensor
-    box_deltas: torch.Tensor
+    box_deltas: torch.Tensor | None
     attr_logits: torch.Tensor
 
 
@@ -243,15 +244,18 @@ class BoxPredictor(nn.Module):
         self.fc_attr = nn.Linear(d + cfg.attr_embed_dim, cfg.attr_hidden)
         self.attr_score = nn.Linear(cfg.attr_hidden, cfg.num_attributes + 1)
 
-    def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(R, D) -> class logits (R, C + 1), box deltas (R, 4C), attribute logits (R, A + 1).
+    def forward(
+        self, features: torch.Tensor, box_deltas: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """(R, D) -> class logits (R, C + 1), box deltas (R, 4C) or None when `box_deltas` is
+        False (the regression is 3/4 of the predictor's FLOPs), attribute logits (R, A + 1).
 
         Always float32 (a small cost next to res5): the class argmax feeds the attribute head.
         """
         with _float32(features.device):
             features = features.float()
             cls_logits = self.cls_score(features)
-            box_deltas = self.bbox_pred(features)
+            box_deltas = self.bbox_pred(features) if box_deltas else None
             # At test time the attribute head is conditioned on the predicted class, background
             # included (the detectron2 port's behaviour).
             embedded = self.cls_embedding(cls_logits.argmax(dim=1))
@@ -268,8 +272,11 @@ class Res5ROIHeads(nn.Module):
         self.res5 = build_res5_head(cfg.depth, cfg.width, cfg.res5_dilation)
         self.box_predictor = BoxPredictor(cfg)
 
-    def forward(self, res4: torch.Tensor, boxes: list[torch.Tensor]) -> RoIHeadOutputs:
-        """res4: (N, C, H4, W4); boxes: N tensors (R_i, 4) in input pixels -> sum R_i outputs."""
+    def forward(
+        self, res4: torch.Tensor, boxes: list[torch.Tensor], box_deltas: bool = True
+    ) -> RoIHeadOutputs:
+        """res4: (N, C, H4, W4); boxes: N tensors (R_i, 4) in input pixels -> sum R_i outputs
+        (box_deltas: whether to regress boxes, see BoxPredictor)."""
         batch_idx = torch.cat(
             [
                 torch.full((len(b), 1), i, dtype=torch.float32, device=res4.device)
@@ -283,8 +290,8 @@ class Res5ROIHeads(nn.Module):
         pooled = roi_pool(res4.float(), rois, (size, size), 1.0 / self.cfg.feature_stride)
         # Averaged in float32: under autocast res5 runs in half precision, its mean need not.
         features = self.res5(pooled.to(res4.dtype)).mean(dim=(2, 3), dtype=torch.float32)
-        cls_logits, box_deltas, attr_logits = self.box_predictor(features)
-        return RoIHeadOutputs(features, cls_logits, box_deltas, attr_logits)
+        cls_logits, deltas, attr_logits = self.box_predictor(features, box_deltas)
+        return RoIHeadOutputs(features, cls_logits, deltas, attr_logits)
 
 
 class BUTDDetector(nn.Module):

@@ -157,8 +157,10 @@ class Extractor:
                 rois = self.model.proposal_generator(res4, sizes, min_sizes)
         start = self._tick("rpn", start)
 
+        # Regressed boxes matter only to presets that save them (NMS runs on the saved boxes).
+        regress = not given and self.cfg.selection.saved_boxes == "regressed"
         with self._autocast():
-            head = self.model.roi_heads(res4, rois)
+            head = self.model.roi_heads(res4, rois, box_deltas=regress)
         start = self._tick("roi_head", start)
 
         results = self._select(images, rois, head, scales, given_boxes)
@@ -187,7 +189,8 @@ class Extractor:
         roi_scale = torch.repeat_interleave(
             scales, torch.tensor(counts, device=scales.device), dim=0
         )
-        if given_boxes is None:
+        regressed = None
+        if head.box_deltas is not None:
             regressed = self.model.decode_boxes(head.box_deltas, all_rois)  # (R, C, 4) input px
             regressed = regressed / roi_scale[:, None, :]
         features = head.features.to(torch.float16)
@@ -205,7 +208,7 @@ class Extractor:
                 sel = select_regions(
                     proposals,
                     fg_probs,
-                    clip_boxes(regressed[lo:hi], h, w),
+                    None if regressed is None else clip_boxes(regressed[lo:hi], h, w),
                     self.cfg.selection,
                 )
                 idx = sel.indices.to(self.device) + lo

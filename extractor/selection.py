@@ -58,20 +58,26 @@ class Selection:
 
 
 def select_regions(
-    proposals: torch.Tensor, fg_probs: torch.Tensor, regressed: torch.Tensor, cfg: SelectionConfig
+    proposals: torch.Tensor, fg_probs: torch.Tensor, regressed: torch.Tensor | None,
+    cfg: SelectionConfig,
 ) -> Selection:
     """Select regions from one image's RoIs.
 
     proposals: (R, 4) float32 RPN boxes, x1 y1 x2 y2 in original-image pixels, in RPN score order.
     fg_probs: (R, C) float32 foreground class probabilities (column k = object id k).
     regressed: (R, C, 4) float32 class-specific regressed boxes in original-image pixels, already
-        clipped to the image (as detectron2 and the Hugging Face demo clip before NMS).
+        clipped to the image (as detectron2 and the Hugging Face demo clip before NMS); only
+        read when cfg.saved_boxes is "regressed" (NMS runs on the saved boxes), else may be None.
     Returns at most R regions; "fixed" returns exactly num_boxes when R allows it, "adaptive"
     between min_boxes and max_boxes. Ties in confidence keep RPN order (lower index first).
     """
     if cfg.mode == "given":
         raise ValueError('selection mode "given" uses caller-supplied boxes: nothing to select')
     num_rois, num_classes = fg_probs.shape
+    if regressed is None:
+        if cfg.saved_boxes == "regressed":
+            raise ValueError('saved_boxes "regressed" needs the regressed boxes')
+        regressed = proposals[:, None, :].expand(num_rois, num_classes, 4)  # a view, never read
     if proposals.shape != (num_rois, 4) or regressed.shape != (num_rois, num_classes, 4):
         raise ValueError(
             f"shape mismatch: proposals {tuple(proposals.shape)}, "

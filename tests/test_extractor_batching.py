@@ -218,3 +218,22 @@ def test_saved_proposals_stay_inside_the_original_image(model):
         assert (boxes[:, [1, 3]] <= im.orig_height).all()
         touching += int((boxes[:, 2] == im.orig_width).sum())
     assert touching > 0, "no proposal reaches the right edge: the test checks nothing"
+
+
+def test_box_regression_runs_only_for_presets_that_save_regressed_boxes():
+    """Proposal-saving presets (caffe, lxmert) never read regressed boxes: bbox_pred, 3/4 of the
+    predictor's FLOPs, is skipped for them, and runs for the regressed-box presets."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    images = [_image(120, 200, 1), _image(144, 96, 2)]
+    model = _random_detector(TINY)
+    for selection, regressed in [({}, False),
+                                 ({"saved_boxes": "regressed", "rank": "detection"}, True)]:
+        extractor = Extractor(_config("adaptive", **selection), model)
+        with FlopCounterMode(display=False) as counter:
+            extractor(images)
+        bbox = sum(sum(ops.values()) for name, ops in counter.get_flop_counts().items()
+                   if name.endswith("bbox_pred"))
+        rois = extractor.model.cfg.rpn_post_nms_topk * len(images)
+        per_roi = 2 * TINY.feature_dim * 4 * TINY.num_classes
+        assert bbox == (rois * per_roi if regressed else 0), selection

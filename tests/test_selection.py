@@ -159,7 +159,12 @@ def random_detections(seed, num_rois=300, num_classes=1600, width=800.0, height=
 
 def run(proposals, probs, regressed, cfg):
     tensors = (torch.from_numpy(proposals), torch.from_numpy(probs), torch.from_numpy(regressed))
-    return select_regions(*tensors, cfg)
+    sel = select_regions(*tensors, cfg)
+    if cfg.saved_boxes == "proposals":  # the Extractor skips the regression for these presets
+        without = select_regions(*tensors[:2], None, cfg)
+        for name in ("indices", "boxes", "object_ids", "object_conf"):
+            assert torch.equal(getattr(without, name), getattr(sel, name)), name
+    return sel
 
 
 def assert_selection(sel, indices, boxes, objects, conf):
@@ -353,3 +358,5 @@ def test_empty_and_invalid_inputs():
         run(zeros(0, 4), zeros(0, 5), zeros(0, 5, 4), SelectionConfig(mode="given"))
     with pytest.raises(ValueError, match="shape"):
         run(zeros(2, 4), zeros(3, 5), zeros(3, 5, 4), CAFFE)
+    with pytest.raises(ValueError, match="needs the regressed boxes"):
+        select_regions(torch.zeros(2, 4), torch.zeros(2, 5), None, PB_DEMO)
