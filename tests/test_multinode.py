@@ -39,6 +39,7 @@ import torch
 from pipeline.cli import main
 from pipeline.common.assets import SAMPLE_IMAGES, bundled_detector
 from shards.verify import verify_shards
+from test_extract_ray import _cmdline
 from test_pretrain_loop import CONFIGS, train_losses
 from test_pretrain_ray import wait_for_step
 
@@ -84,13 +85,6 @@ def _session(sid: int) -> set[int]:
         if int(session) == sid and state != "Z":
             found.add(int(stat.parent.name))
     return found
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return ""
 
 
 class Cluster:

@@ -65,8 +65,12 @@ def steady_rate(tally: Tally) -> float:
     """Extracted images/s from the first batch's write to the last one's (0 if there is one
     batch)."""
     first, last = tally.timeline[0][0], tally.timeline[-1][0]
-    images = sum(extracted for _, extracted, _ in tally.timeline[1:])
-    return images / (last - first) if last > first else 0.0
+    return _after_warmup(tally) / (last - first) if last > first else 0.0
+
+
+def _after_warmup(tally: Tally) -> int:
+    """Images extracted after the first batch."""
+    return sum(extracted for _, extracted, _ in tally.timeline[1:])
 
 
 def steady_stage_ms(tally: Tally) -> dict[str, float]:
@@ -74,8 +78,7 @@ def steady_stage_ms(tally: Tally) -> dict[str, float]:
     batches when there is only one)."""
     seconds, images = tally.seconds, tally.ok
     if len(tally.timeline) > 1:
-        seconds = tally.seconds - tally.warmup_seconds
-        images = sum(extracted for _, extracted, _ in tally.timeline[1:])
+        seconds, images = tally.seconds - tally.warmup_seconds, _after_warmup(tally)
     return {s: 1000 * seconds[s] / max(images, 1) for s in STAGES}
 
 

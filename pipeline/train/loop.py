@@ -319,12 +319,10 @@ class Trainer:
                 self._save()
         bar.close()
         last_val = self.validate()
-        self._save()
         if self.log is not None:
             self.log.close()
             plot_run(self.run_dir)
-            if self.mirror is not None:
-                push(self.run_dir, self.mirror, self.config.run.keep_checkpoints)
+        self._save()  # last: for a run at a URL, its push also uploads the final records and plot
         return last_val
 
     def _train_record(self, step, epoch, lr, losses_sum, metrics_sum, samples_per_s) -> dict:
