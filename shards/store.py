@@ -11,6 +11,7 @@ keeps reads safe in forked DataLoader workers.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tarfile
@@ -113,10 +114,9 @@ class FeatureStore:
         index = build_index(self.shards)
         saved = io.BytesIO()
         np.savez(saved, names=names, fingerprint=fingerprint, **index)
-        try:
+        # A read-only dataset directory: the index stays in memory.
+        with contextlib.suppress(OSError):
             write_atomic(path, saved.getvalue())
-        except OSError:  # a read-only dataset directory: keep the index in memory only
-            pass
         return index
 
     def __len__(self) -> int:
