@@ -189,10 +189,10 @@ class PaddingMasks:
         self.masks: dict[str, torch.Tensor | None] = {}
         for level in LEVELS:
             ph, pw = padded[level]
-            sizes = torch.tensor([v[level] for v in valid], dtype=torch.long).view(-1, 2)
-            if bool((sizes == torch.tensor([ph, pw])).all()):
+            if all(v[level] == (ph, pw) for v in valid):
                 self.masks[level] = None
                 continue
+            sizes = torch.tensor([v[level] for v in valid], dtype=torch.long).view(-1, 2)
             rows = torch.arange(ph)[None, :] < sizes[:, :1]  # (N, h)
             cols = torch.arange(pw)[None, :] < sizes[:, 1:]  # (N, w)
             mask = (rows[:, None, :, None] & cols[:, None, None, :]).float()

@@ -20,6 +20,7 @@ import contextlib
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,12 +28,18 @@ from torchvision.ops import nms, roi_pool
 
 from extractor.backbone import ResNetC4, build_res5_head, level_sizes
 from extractor.config import DetectorConfig
+from extractor.host import fetch
+from extractor.nms import greedy_passes, overlaps, pairwise_iou
 
 R101_STATE_ENTRIES = 536
 R101_STATE_VALUES = 65_545_214
 # detectron2's clamp of dw, dh: no box grows more than 1000/16 times its source in one step.
 SCALE_CLAMP = math.log(1000.0 / 16)
 RPN_BBOX_REG_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
+# The RPN's NMS runs on the device in a fixed number of passes over each image's best proposals
+# (see _nms_top); both numbers start here and grow for the next batches where they fell short.
+RPN_NMS_PASSES = 16
+RPN_NMS_PREFIX_PER_KEPT = 4  # the prefix starts at 4 x rpn_post_nms_topk
 
 
 def apply_deltas(
@@ -163,6 +170,8 @@ class ProposalGenerator(nn.Module):
         self.cfg = cfg
         self.rpn_head = RPNHead(cfg.res4_channels, cfg.rpn_hidden, cfg.num_anchors)
         self.anchor_generator = AnchorGenerator(cfg)
+        self.nms_passes = RPN_NMS_PASSES
+        self.nms_prefix = RPN_NMS_PREFIX_PER_KEPT * cfg.rpn_post_nms_topk
 
     def forward(
         self,
@@ -195,7 +204,7 @@ class ProposalGenerator(nn.Module):
         for i, (h, w) in enumerate(image_sizes):
             valid_h, valid_w = level_sizes(h, w)["res4"]
             inside[i, :valid_h, :valid_w] = True
-        keep = inside.to(res4.device).repeat_interleave(num_anchors, dim=2).view(n, -1)
+        keep = inside[..., None].expand(n, h4, w4, num_anchors).reshape(n, -1).to(res4.device)
         if min_sizes is not None:
             mins = torch.tensor(min_sizes, dtype=torch.float32, device=res4.device)
             keep &= (boxes[..., 2] - boxes[..., 0] >= mins[:, 1:]) & (
@@ -209,12 +218,61 @@ class ProposalGenerator(nn.Module):
         valid = torch.isfinite(top_scores)
         if min_sizes is None:
             valid &= (top_boxes[..., 2] > top_boxes[..., 0]) & (top_boxes[..., 3] > top_boxes[..., 1])
-        proposals = []
-        for i in range(n):
-            b, s = top_boxes[i][valid[i]], top_scores[i][valid[i]]
-            kept = nms(b, s, cfg.rpn_nms_thresh)[: cfg.rpn_post_nms_topk]
-            proposals.append(b[kept])
+        return self._nms_top(top_boxes, top_scores, valid)
+
+    def _nms_top(
+        self, boxes: torch.Tensor, scores: torch.Tensor, valid: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """Greedy NMS (torchvision's convention) of each image's ranked boxes, its first
+        rpn_post_nms_topk kept.
+
+        boxes: (N, k, 4) best first; scores: (N, k); valid: (N, k) bool, the boxes taking part.
+        All images at once on the device (extractor.nms.greedy_passes over the first
+        `nms_prefix` ranks in `nms_passes` passes), then one host sync for the counts. An image
+        whose passes did not converge, or whose prefix kept too few boxes while more follow it,
+        is redone alone with torchvision's nms (the same result, with more syncs), and the
+        passes or the prefix grow for the next calls.
+        """
+        top, thresh = self.cfg.rpn_post_nms_topk, self.cfg.rpn_nms_thresh
+        n, k = valid.shape
+        prefix = min(k, self.nms_prefix)
+        proposals, found = _nms_top(boxes, valid, thresh, top, prefix, self.nms_passes)
+        converged, enough = found["converged"], found["enough"]
+        if not converged.all():
+            self.nms_passes += self.nms_passes // 2
+        if not enough.all():
+            self.nms_prefix = max(self.nms_prefix, 2 * prefix)
+        for i in np.flatnonzero(~(converged & enough)):
+            b, s = boxes[i][valid[i]], scores[i][valid[i]]
+            proposals[i] = b[nms(b, s, thresh)[:top]]
         return proposals
+
+
+def _nms_top(
+    boxes: torch.Tensor, valid: torch.Tensor, thresh: float, top: int, prefix: int, passes: int
+) -> tuple[list[torch.Tensor], dict[str, np.ndarray]]:
+    """ProposalGenerator._nms_top on the device: (proposals, {"converged", "enough"} per image);
+    an image's proposals are exact where both are True."""
+    n = valid.shape[0]
+    ranked = boxes[:, :prefix]
+    overlap = overlaps(pairwise_iou(ranked, ranked, False), thresh, False)
+    kept, converged = greedy_passes(overlap, valid[:, :prefix], passes)
+    rank = kept.cumsum(dim=1) - 1
+    taken = kept & (rank < top)
+    counts = taken.sum(dim=1)
+    enough = (counts == top) | ~valid[:, prefix:].any(dim=1)
+    # Slot s of image i holds the prefix position of its s-th kept box; the rest go to a spare
+    # column that is cut off.
+    slots = torch.where(taken, rank, top)
+    positions = torch.arange(prefix, device=boxes.device).expand(n, prefix)
+    index = torch.zeros(n, top + 1, dtype=torch.long, device=boxes.device)
+    index.scatter_(1, slots, positions)
+    kept_boxes = torch.gather(ranked, 1, index[:, :top, None].expand(-1, -1, 4))
+    host = fetch(
+        {"counts": counts, "converged": converged, "enough": enough}, "RPN proposal counts"
+    )
+    proposals = [kept_boxes[i, : int(host["counts"][i])] for i in range(n)]
+    return proposals, host
 
 
 @dataclass

@@ -3,6 +3,12 @@
 A batch is padded at the bottom/right to its largest image; the backbone masks the padding and the
 RPN only keeps anchors on each image's own grid, so a batched call returns what one call per image
 returns (pinned in tests/test_extractor_batching.py).
+
+A call waits for the device twice, whatever the batch size: for the RPN's proposal counts and for
+the selected regions (extractor.host.fetch). The RPN's NMS and the selection run for the whole
+batch on the device (extractor.nms, extractor.batch_selection); an image they cannot settle
+exactly is redone alone by the reference path (torchvision's nms, extractor.selection), with the
+same result (tests/test_extractor_syncs.py).
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import time
 import numpy as np
 import torch
 
+from extractor.batch_selection import SELECTION_PASSES, select_batch
 from extractor.config import ExtractorConfig
 from extractor.detector import BUTDDetector, RoIHeadOutputs, clip_boxes
 from extractor.features import RegionFeatures
+from extractor.host import fetch
 from extractor.preprocess import PreparedImage
 from extractor.selection import select_regions
 
@@ -58,6 +66,8 @@ class Extractor:
         mean = torch.tensor(cfg.detector.pixel_mean_bgr, dtype=torch.float32)
         self.pixel_mean = mean.view(3, 1, 1).to(self.device)
         self.last_timings: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        # Passes of the batched selection's NMS: grown for the next batches where they fell short.
+        self.selection_passes = SELECTION_PASSES
         self._marks: list[tuple[str, torch.cuda.Event]] = []
 
     def _autocast(self):
@@ -176,8 +186,20 @@ class Extractor:
         scales: torch.Tensor,
         given_boxes: list[np.ndarray] | None,
     ) -> list[RegionFeatures]:
-        """Per-image box selection and assembly of RegionFeatures (all RoIs' math batched)."""
+        """Box selection and assembly of RegionFeatures for the whole batch on the device
+        (extractor.batch_selection), then one host sync for every result; an image the batched
+        selection cannot settle exactly is selected alone (extractor.selection)."""
         counts = [len(r) for r in rois]
+        if not any(counts):
+            return [self._regions(im, _empty_arrays(self.cfg, head)) for im in images]
+        most = max(counts)
+        offsets = np.cumsum([0, *counts])
+        # (N, R) rows of the concatenated RoIs: each image's, then repeats of a row (not valid).
+        padded_rows = np.minimum(np.arange(most)[None, :], np.maximum(counts, 1)[:, None] - 1)
+        rows = np.minimum(offsets[:-1, None] + padded_rows, offsets[-1] - 1)
+        rows = torch.as_tensor(rows, device=self.device)
+        valid = torch.as_tensor(np.arange(most)[None, :] < np.array(counts)[:, None],
+                                device=self.device)
         all_rois = torch.cat(rois).float()
         cls_probs = torch.softmax(head.cls_logits.float(), dim=1)  # (R, C + 1), background last
         attr_logits = head.attr_logits.float()  # (R, A + 1), "no attribute" last
@@ -186,60 +208,106 @@ class Extractor:
         else:
             attr_probs = torch.softmax(attr_logits[:, :-1], dim=1)
         attr_conf, attr_ids = attr_probs.max(dim=1)
-        roi_scale = torch.repeat_interleave(
-            scales, torch.tensor(counts, device=scales.device), dim=0
-        )
-        regressed = None
-        if head.box_deltas is not None:
-            regressed = self.model.decode_boxes(head.box_deltas, all_rois)  # (R, C, 4) input px
-            regressed = regressed / roi_scale[:, None, :]
-        features = head.features.to(torch.float16)
+
+        if given_boxes is None:
+            sizes = torch.tensor([(im.orig_height, im.orig_width) for im in images],
+                                 dtype=torch.float32, device=self.device)
+            height, width = sizes[:, :1], sizes[:, 1:]
+            scale = scales[:, None, :]
+            # Proposals are clipped to the input; divided by a float32 scale, an edge at the
+            # input's border can land a rounding step outside the original image.
+            proposals = clip_boxes(all_rois[rows] / scale, height, width)
+
+            def regressed(sel_rows: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+                flat = rows.gather(1, sel_rows)
+                num_classes = head.box_deltas.shape[1] // 4
+                deltas = head.box_deltas.view(-1, num_classes, 4)[flat, classes]
+                decoded = self.model.decode_boxes(deltas.reshape(-1, 4), all_rois[flat].view(-1, 4))
+                return clip_boxes(decoded.view(*flat.shape, 4) / scale, height, width)
+
+            sel = select_batch(
+                proposals, valid, cls_probs[rows][..., :-1],
+                regressed if head.box_deltas is not None else None, self.cfg.selection,
+                self.selection_passes,
+            )
+            picked = rows.gather(1, sel.rows)
+            arrays = {"boxes": sel.boxes, "object_ids": sel.object_ids,
+                      "object_conf": sel.object_conf, "counts": sel.counts, "exact": sel.exact,
+                      "converged": sel.converged}
+        else:
+            picked = rows
+            object_conf, object_ids = cls_probs[rows][..., :-1].max(dim=2)
+            arrays = {"object_ids": object_ids, "object_conf": object_conf}
+        arrays |= {"attr_ids": attr_ids[picked], "attr_conf": attr_conf[picked],
+                   "features": head.features.to(torch.float16)[picked]}
+        if self.cfg.save_class_probs:
+            # Caffe order: background first, so column k + 1 is object id k.
+            probs = cls_probs[picked]
+            arrays["cls_probs"] = torch.cat((probs[..., -1:], probs[..., :-1]), dim=2)
+        host = fetch(arrays, "selected regions")
+        if given_boxes is None and not host["converged"].all():
+            self.selection_passes += self.selection_passes // 2
 
         results = []
-        offsets = np.cumsum([0, *counts])
         for i, im in enumerate(images):
-            lo, hi = int(offsets[i]), int(offsets[i + 1])
-            fg_probs = cls_probs[lo:hi, :-1]
-            if given_boxes is None:
-                h, w = float(im.orig_height), float(im.orig_width)
-                # Proposals are clipped to the input; divided by a float32 scale, an edge at
-                # the input's border can land a rounding step outside the original image.
-                proposals = clip_boxes(all_rois[lo:hi] / roi_scale[lo:hi], h, w)
-                sel = select_regions(
-                    proposals,
-                    fg_probs,
-                    None if regressed is None else clip_boxes(regressed[lo:hi], h, w),
-                    self.cfg.selection,
-                )
-                idx = sel.indices.to(self.device) + lo
-                boxes = sel.boxes
-                object_ids, object_conf = sel.object_ids, sel.object_conf
-            else:
-                idx = torch.arange(lo, hi, device=self.device)
+            if given_boxes is not None:
+                count = counts[i]
                 boxes = np.asarray(given_boxes[i], dtype=np.float32).reshape(-1, 4)
-                object_conf, object_ids = fg_probs.max(dim=1)
-            probs = None
-            if self.cfg.save_class_probs:
-                # Caffe order: background first, so column k + 1 is object id k.
-                p = cls_probs[idx]
-                probs = torch.cat((p[:, -1:], p[:, :-1]), dim=1).cpu().numpy()
-            results.append(
-                RegionFeatures(
-                    image_height=int(im.orig_height),
-                    image_width=int(im.orig_width),
-                    boxes_xyxy_abs=_numpy(boxes, np.float32),
-                    object_ids=_numpy(object_ids, np.int64),
-                    object_conf=_numpy(object_conf, np.float32),
-                    attr_ids=_numpy(attr_ids[idx], np.int64),
-                    attr_conf=_numpy(attr_conf[idx], np.float32),
-                    features=features[idx].cpu().numpy(),
-                    cls_probs=probs,
-                )
-            )
+            elif host["exact"][i]:
+                count, boxes = int(host["counts"][i]), host["boxes"][i]
+            else:
+                lo, hi = int(offsets[i]), int(offsets[i + 1])
+                results.append(self._select_alone(im, lo, hi, all_rois, cls_probs, head,
+                                                  scales[i], attr_ids, attr_conf))
+                continue
+            image = {k: v[i, :count] for k, v in host.items()
+                     if k not in ("counts", "exact", "converged")}
+            image["boxes"] = boxes[:count]
+            results.append(self._regions(im, image))
         return results
 
+    def _select_alone(self, im, lo, hi, all_rois, cls_probs, head, scale, attr_ids, attr_conf):
+        """One image's regions by extractor.selection.select_regions (syncs as it needs)."""
+        h, w = float(im.orig_height), float(im.orig_width)
+        proposals = clip_boxes(all_rois[lo:hi] / scale, h, w)
+        regressed = None
+        if head.box_deltas is not None:
+            regressed = self.model.decode_boxes(head.box_deltas[lo:hi], all_rois[lo:hi])
+            regressed = clip_boxes(regressed / scale[None, None, :], h, w)
+        sel = select_regions(proposals, cls_probs[lo:hi, :-1], regressed, self.cfg.selection)
+        idx = sel.indices.to(self.device) + lo
+        arrays = {"boxes": sel.boxes, "object_ids": sel.object_ids,
+                  "object_conf": sel.object_conf, "attr_ids": attr_ids[idx],
+                  "attr_conf": attr_conf[idx], "features": head.features.to(torch.float16)[idx]}
+        if self.cfg.save_class_probs:
+            probs = cls_probs[idx]
+            arrays["cls_probs"] = torch.cat((probs[:, -1:], probs[:, :-1]), dim=1)
+        return self._regions(im, fetch(arrays, "regions of one image"))
 
-def _numpy(x: torch.Tensor | np.ndarray, dtype) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=dtype)
+    def _regions(self, im: PreparedImage, arrays: dict[str, np.ndarray]) -> RegionFeatures:
+        return RegionFeatures(
+            image_height=int(im.orig_height),
+            image_width=int(im.orig_width),
+            boxes_xyxy_abs=np.asarray(arrays["boxes"], dtype=np.float32),
+            object_ids=np.asarray(arrays["object_ids"], dtype=np.int64),
+            object_conf=np.asarray(arrays["object_conf"], dtype=np.float32),
+            attr_ids=np.asarray(arrays["attr_ids"], dtype=np.int64),
+            attr_conf=np.asarray(arrays["attr_conf"], dtype=np.float32),
+            features=np.asarray(arrays["features"]),
+            cls_probs=arrays.get("cls_probs"),
+        )
+
+
+def _empty_arrays(cfg: ExtractorConfig, head: RoIHeadOutputs) -> dict[str, np.ndarray]:
+    """The arrays of an image without regions."""
+    arrays = {
+        "boxes": np.zeros((0, 4), np.float32),
+        "object_ids": np.zeros(0, np.int64),
+        "object_conf": np.zeros(0, np.float32),
+        "attr_ids": np.zeros(0, np.int64),
+        "attr_conf": np.zeros(0, np.float32),
+        "features": np.zeros((0, head.features.shape[1]), np.float16),
+    }
+    if cfg.save_class_probs:
+        arrays["cls_probs"] = np.zeros((0, head.cls_logits.shape[1]), np.float32)
+    return arrays

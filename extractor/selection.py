@@ -14,9 +14,7 @@ The conventions (REFERENCE §1, and `SelectionConfig`):
 when even the last threshold leaves too few (the demos would return fewer, or fail).
 
 Speed, with results identical to the per-class loops (tests/test_selection.py checks this):
-- Greedy NMS for many classes at once. The greedy result is the unique fixed point of "a box is
-  kept iff no kept higher-ranked box overlaps it"; iterating that rule from "all kept" fixes one
-  more rank position per pass at worst (about ten passes in practice), each pass one batched
+- Greedy NMS for many classes at once (extractor.nms): each pass of the keep rule is one batched
   matmul over (classes, R, R). No Python loop over classes or boxes.
 - Greedy NMS looks only at higher-scored boxes, so NMS restricted to the few (RoI, class) pairs
   scoring at least score_thresh decides exactly which units are eligible. All R x C pairs are
@@ -31,6 +29,7 @@ import numpy as np
 import torch
 
 from extractor.config import SelectionConfig
+from extractor.nms import f32_ceil, greedy_keep, overlaps, pairwise_iou
 
 # Bound on the elements of one (classes, R, R) block: 64 MB per float32 temporary.
 _BLOCK_ELEMENTS = 1 << 24
@@ -153,31 +152,31 @@ def _units(
     if cfg.class_agnostic:
         best_prob = fg_probs[rows, best_class]
         boxes = regressed[rows, best_class] if cfg.saved_boxes == "regressed" else proposals
-        iou = _pairwise_iou(boxes, boxes, plus_one)
+        iou = pairwise_iou(boxes, boxes, plus_one)
         survived = _greedy_nms_shared(iou, best_prob[:, None], nms_thresh, plus_one).squeeze(1)
         conf = torch.where(survived, best_prob, 0.0)
-        eligible = survived & (conf >= _f32_ceil(cfg.score_thresh))
+        eligible = survived & (conf >= f32_ceil(cfg.score_thresh))
         return _Units(rows, best_class, conf, eligible)
 
     if floor > 0.0:
         # Caffe keeps RoIs scoring >= score_thresh (compared in float64); detectron2 keeps pairs
         # scoring > score_thresh (compared in float32). Floors compare the same way.
         if cfg.rank == "region":
-            reaches = fg_probs >= _f32_ceil(floor)
+            reaches = fg_probs >= f32_ceil(floor)
         else:
             reaches = fg_probs > float(np.float32(floor))
         if int(reaches.sum()) > _MAX_PAIRS:
             return None
         survived = _greedy_nms_pairs(proposals, fg_probs, regressed, reaches, cfg, nms_thresh)
     elif cfg.saved_boxes == "proposals":
-        iou = _pairwise_iou(proposals, proposals, plus_one)  # shared by all classes
+        iou = pairwise_iou(proposals, proposals, plus_one)  # shared by all classes
         survived = _greedy_nms_shared(iou, fg_probs, nms_thresh, plus_one)
     else:
         survived = _greedy_nms_per_class(regressed, fg_probs, nms_thresh, plus_one)
     kept_probs = torch.where(survived, fg_probs, 0.0)  # (R, C)
     if cfg.rank == "region":
         conf = kept_probs.amax(dim=1)
-        eligible = survived.any(dim=1) & (conf >= _f32_ceil(cfg.score_thresh))
+        eligible = survived.any(dim=1) & (conf >= f32_ceil(cfg.score_thresh))
         return _Units(rows, best_class, conf, eligible)
     flat = torch.arange(num_rois * num_classes, device=fg_probs.device)
     eligible = survived.flatten() & (fg_probs.flatten() > float(np.float32(cfg.score_thresh)))
@@ -210,39 +209,12 @@ def _rank(eligible: torch.Tensor, conf: torch.Tensor) -> torch.Tensor:
     return torch.cat([order, rest])
 
 
-def _pairwise_iou(a: torch.Tensor, b: torch.Tensor, plus_one: bool) -> torch.Tensor:
-    """IoU (..., N, M) float32 of boxes a (..., N, 4) and b (..., M, 4), x1 y1 x2 y2.
-
-    Operations in the order of the reference kernels (Caffe `nms_kernel.cu` with plus_one,
-    torchvision `nms` without), so that the float32 values match theirs bit for bit.
-    """
-    a, b = a.float(), b.float()
-    one = 1.0 if plus_one else 0.0
-    left = torch.maximum(a[..., :, None, 0], b[..., None, :, 0])
-    top = torch.maximum(a[..., :, None, 1], b[..., None, :, 1])
-    right = torch.minimum(a[..., :, None, 2], b[..., None, :, 2])
-    bottom = torch.minimum(a[..., :, None, 3], b[..., None, :, 3])
-    inter = (right - left + one).clamp(min=0) * (bottom - top + one).clamp(min=0)
-    area_a = (a[..., 2] - a[..., 0] + one) * (a[..., 3] - a[..., 1] + one)
-    area_b = (b[..., 2] - b[..., 0] + one) * (b[..., 3] - b[..., 1] + one)
-    return inter / (area_a[..., :, None] + area_b[..., None, :] - inter)
-
-
-def _overlaps(iou: torch.Tensor, thresh: float, plus_one: bool) -> torch.Tensor:
-    """iou > thresh as each reference decides it.
-
-    The Caffe kernel compares in float32 against float32(thresh); torchvision compares the float32
-    IoU with the double threshold, which equals a float32 compare against thresh rounded down.
-    """
-    return iou > (float(np.float32(thresh)) if plus_one else _f32_floor(thresh))
-
-
 def _greedy_nms_shared(
     iou: torch.Tensor, scores: torch.Tensor, thresh: float, plus_one: bool
 ) -> torch.Tensor:
     """Greedy NMS per class over one box set: iou (R, R), scores (R, C) -> survived (R, C) bool."""
     num_rois, num_classes = scores.shape
-    overlap = _overlaps(iou, thresh, plus_one)
+    overlap = overlaps(iou, thresh, plus_one)
     order = torch.sort(scores.T, dim=1, descending=True, stable=True).indices  # (C, R)
     survived = torch.empty(num_classes, num_rois, dtype=torch.bool, device=scores.device)
     step = max(1, _BLOCK_ELEMENTS // max(1, num_rois * num_rois))
@@ -250,7 +222,7 @@ def _greedy_nms_shared(
         rank = order[start : start + step]  # (c, R): RoI at each rank position
         by_rank = overlap[rank]  # (c, R, R): row j = overlaps of the RoI ranked j
         by_rank = torch.gather(by_rank, 2, rank[:, None, :].expand_as(by_rank))
-        kept = _greedy_keep(by_rank)
+        kept = greedy_keep(by_rank)
         survived[start : start + step].scatter_(1, rank, kept)
     return survived.T
 
@@ -271,9 +243,9 @@ def _greedy_nms_pairs(
     order = torch.sort(fg_probs[rois, classes], descending=True, stable=True).indices
     rois, classes = rois[order], classes[order]
     boxes = regressed[rois, classes] if cfg.saved_boxes == "regressed" else proposals[rois]
-    iou = _pairwise_iou(boxes, boxes, cfg.nms_plus_one)
+    iou = pairwise_iou(boxes, boxes, cfg.nms_plus_one)
     same_class = classes[:, None] == classes[None, :]
-    kept = _greedy_keep((_overlaps(iou, thresh, cfg.nms_plus_one) & same_class)[None])[0]
+    kept = greedy_keep((overlaps(iou, thresh, cfg.nms_plus_one) & same_class)[None])[0]
     survived = torch.zeros_like(candidates)
     survived[rois[kept], classes[kept]] = True
     return survived
@@ -291,41 +263,7 @@ def _greedy_nms_per_class(
     for start in range(0, num_classes, step):
         rank = order[start : start + step]
         ranked = torch.gather(by_class[start : start + step], 1, rank[..., None].expand(-1, -1, 4))
-        by_rank = _overlaps(_pairwise_iou(ranked, ranked, plus_one), thresh, plus_one)
-        kept = _greedy_keep(by_rank)
+        by_rank = overlaps(pairwise_iou(ranked, ranked, plus_one), thresh, plus_one)
+        kept = greedy_keep(by_rank)
         survived[start : start + step].scatter_(1, rank, kept)
     return survived.T
-
-
-def _greedy_keep(overlap: torch.Tensor) -> torch.Tensor:
-    """Greedy NMS on ranked boxes: overlap (G, N, N) bool, [g, j, k] = box j overlaps box k
-    beyond the threshold, boxes in rank order. Returns kept (G, N) bool.
-
-    Box k is kept iff no kept box j < k overlaps it. Iterating that rule from "all kept" makes
-    positions 0..t final after pass t, so it stops at the exact greedy result within N passes.
-    Each pass is a batched matmul counting kept suppressors: sums of at most N ones, exact in
-    float16 (N <= 2048) and float32.
-    """
-    num = overlap.shape[-1]
-    dtype = torch.float16 if overlap.is_cuda and num <= 2048 else torch.float32
-    above = torch.ones(num, num, dtype=torch.bool, device=overlap.device).triu(1)
-    suppressors = (overlap & above).to(dtype)
-    kept = torch.ones(overlap.shape[:-1], dtype=torch.bool, device=overlap.device)
-    for _ in range(num + 1):
-        suppressed = torch.bmm(kept.to(dtype)[:, None, :], suppressors)[:, 0] > 0
-        if torch.equal(~suppressed, kept):
-            break
-        kept = ~suppressed
-    return kept
-
-
-def _f32_floor(value: float) -> float:
-    """Largest float32 <= value: for float32 x, x > value iff x > _f32_floor(value)."""
-    f = np.float32(value)
-    return float(f if f <= value else np.nextafter(f, np.float32(-np.inf)))
-
-
-def _f32_ceil(value: float) -> float:
-    """Smallest float32 >= value: for float32 x, x >= value iff x >= _f32_ceil(value)."""
-    f = np.float32(value)
-    return float(f if f >= value else np.nextafter(f, np.float32(np.inf)))

@@ -1,7 +1,9 @@
 """The host-sync and kernel counter of the benchmarks, on ops whose counts are known."""
 
 import torch
+import torchvision
 
+from extractor.host import fetch
 from pipeline.bench.dispatch import count_dispatch
 
 X = torch.arange(-4.0, 6.0)
@@ -29,3 +31,14 @@ def test_every_kind_of_sync_is_counted_once():
     repeats = torch.ones(10, dtype=torch.long)
     assert counts(lambda: X.repeat_interleave(repeats))[1:] == (1, {"aten::repeat_interleave": 1})
     assert counts(lambda: X.repeat_interleave(2))[1] == 0
+
+
+def test_nms_and_the_extractors_fetch_are_syncs():
+    boxes = torch.tensor([[0.0, 0, 10, 10], [1, 1, 11, 11], [50, 50, 60, 60]])
+    scores = torch.tensor([0.9, 0.8, 0.7])
+    found = counts(lambda: torchvision.ops.nms(boxes, scores, 0.5))
+    assert found[1:] == (1, {"torchvision::nms": 1})
+    # One wait for any number of tensors (their copies are non-blocking).
+    found = counts(lambda: fetch({"a": X, "b": X * 2, "c": X.sum()}, "test"))
+    assert found[1:] == (1, {"profiler::_record_function_enter_new": 1})
+    assert counts(lambda: torch.profiler.record_function("other range").__enter__())[1] == 0

@@ -6,7 +6,9 @@
 - syncs: the ops after which the host must wait for the device: a Python scalar read
   (`_local_scalar_dense`: `.item()`, `bool()`, `int()`), ops whose output size depends on the data
   (`nonzero`, `masked_select`, boolean-mask indexing, `unique`, `repeat_interleave` with tensor
-  repeats), `equal` (returns a Python bool), and copies from a GPU to the host.
+  repeats, torchvision's `nms`, whose CUDA kernel reads its mask on the host), `equal` (returns a
+  Python bool), blocking copies from a GPU to the host, and the waits of `extractor.host.fetch`
+  (profiler ranges named "host sync: ...": its non-blocking copies are not waits themselves).
 The counts are the same on any device for the same code path, except the device-to-host copies,
 which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are not seen.
 """
@@ -21,12 +23,16 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from extractor.host import SYNC_RANGE
+
 _DATA_DEPENDENT = {
     "aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::equal",
     "aten::is_nonzero", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+    "torchvision::nms",
 }
 
-_NO_KERNEL = {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+_NO_KERNEL = {"profiler::_record_function_enter_new", "profiler::_record_function_exit",
+              "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
               "aten::new_empty_strided", "aten::lift_fresh"}
 
 
@@ -48,7 +54,12 @@ def _is_sync(func, args: tuple, kwargs: dict) -> bool:
                    for i in (args[1] if len(args) > 1 else ()) if i is not None)
     if name == "aten::repeat_interleave":  # tensor repeats (integer ones never get here)
         return kwargs.get("output_size") is None
+    if name == "profiler::_record_function_enter_new":
+        return args[0].startswith(SYNC_RANGE)
     if name in ("aten::_to_copy", "aten::copy_"):
+        non_blocking = args[2] if name == "aten::copy_" and len(args) > 2 else None
+        if kwargs.get("non_blocking", non_blocking):
+            return False
         source = args[1] if name == "aten::copy_" else args[0]
         target = args[0].device if name == "aten::copy_" else kwargs.get("device")
         return (isinstance(source, torch.Tensor) and source.device.type == "cuda"
