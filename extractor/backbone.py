@@ -40,15 +40,51 @@ class FrozenBatchNorm2d(nn.Module):
 
 
 class ConvNorm(nn.Conv2d):
-    """Bias-free conv followed by a frozen BN held as `.norm` (detectron2's Conv2d(norm=...))."""
+    """Bias-free conv followed by a frozen BN held as `.norm` (detectron2's Conv2d(norm=...)).
+
+    `fold_norm()` folds a frozen BN into a copy of the conv's weight plus a bias, used from then
+    on wherever no gradient is recorded: one conv instead of a conv and a pass over its output.
+    The state dict is unchanged, and the copy is redone when a weight or buffer has changed
+    (in place, or by a move to another device or memory format).
+    """
 
     def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1, dilation: int = 1):
         padding = dilation * (kernel - 1) // 2
         super().__init__(in_ch, out_ch, kernel, stride, padding, dilation, bias=False)
         self.norm = FrozenBatchNorm2d(out_ch)
+        self.folded: tuple[torch.Tensor, torch.Tensor, tuple] | None = None
+
+    def _sources(self) -> tuple:
+        """What the folded copy depends on: each tensor's storage and version."""
+        tensors = (self.weight, *self.norm.buffers())
+        return tuple((t.data_ptr(), t._version, t.stride()) for t in tensors)
+
+    @torch.no_grad()
+    def fold_norm(self) -> None:
+        """Fold the frozen BN into the weight (other norms are left as they are)."""
+        if not isinstance(self.norm, FrozenBatchNorm2d):
+            self.folded = None
+            return
+        norm = self.norm
+        scale = norm.weight * (norm.running_var + norm.eps).rsqrt()
+        shift = norm.bias - norm.running_mean * scale
+        self.folded = (self.weight * scale.view(-1, 1, 1, 1), shift, self._sources())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(super().forward(x))
+        if self.folded is None or torch.is_grad_enabled():
+            return self.norm(super().forward(x))
+        if self.folded[2] != self._sources():
+            self.fold_norm()
+            if self.folded is None:
+                return self.norm(super().forward(x))
+        return self._conv_forward(x, self.folded[0], self.folded[1])
+
+
+def fold_frozen_norms(model: nn.Module) -> None:
+    """ConvNorm.fold_norm for every conv of `model`."""
+    for module in model.modules():
+        if isinstance(module, ConvNorm):
+            module.fold_norm()
 
 
 def _mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -77,7 +113,7 @@ class BottleneckBlock(nn.Module):
         y = self.conv3(y)
         identity = x if self.shortcut is None else self.shortcut(x)
         # Nothing after a bottleneck reads its output through a 3x3 window, so it stays unmasked.
-        return F.relu_(y + identity)
+        return F.relu_(y.add_(identity))
 
 
 class BasicBlock(nn.Module):
@@ -101,7 +137,7 @@ class BasicBlock(nn.Module):
         y = self.conv2(y)
         identity = x if self.shortcut is None else self.shortcut(x)
         # The next basic block's 3x3 conv1 reads this output: zero the padding.
-        return _mask(F.relu_(y + identity), out_mask)
+        return _mask(F.relu_(y.add_(identity)), out_mask)
 
 
 class Stage(nn.Sequential):

@@ -84,6 +84,11 @@ def clip_boxes(
     return torch.stack((x[..., 0], y[..., 0], x[..., 1], y[..., 1]), dim=-1)
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """Whether (N, C, H, W) x is laid out channels-last (and not also plain contiguous)."""
+    return x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+
+
 def _float32(device: torch.device):
     """Context that turns off autocast on `device` where it is on (the code inside is float32)."""
     if device.type in ("cuda", "cpu") and torch.is_autocast_enabled(device.type):
@@ -347,7 +352,10 @@ class Res5ROIHeads(nn.Module):
         # values cast back to res4's dtype are unchanged.
         pooled = roi_pool(res4.float(), rois, (size, size), 1.0 / self.cfg.feature_stride)
         # Averaged in float32: under autocast res5 runs in half precision, its mean need not.
-        features = self.res5(pooled.to(res4.dtype)).mean(dim=(2, 3), dtype=torch.float32)
+        # ...in res4's dtype and memory format (channels-last on a GPU), which res5's convs expect.
+        layout = torch.channels_last if _channels_last(res4) else torch.contiguous_format
+        pooled = pooled.to(res4.dtype).contiguous(memory_format=layout)
+        features = self.res5(pooled).mean(dim=(2, 3), dtype=torch.float32)
         cls_logits, deltas, attr_logits = self.box_predictor(features, box_deltas)
         return RoIHeadOutputs(features, cls_logits, deltas, attr_logits)
 

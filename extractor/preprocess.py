@@ -39,7 +39,8 @@ class ImageError(ValueError):
 class PreparedImage:
     """The resized image the detector consumes.
 
-    pixels: (3, h, w) float32, BGR, 0-255, not mean-subtracted.
+    pixels: (3, h, w) BGR, 0-255, not mean-subtracted; float32, or uint8 where the values are whole
+        numbers (extraction ships resize "pil" images so: pipeline.extract.steps.ship_pixels).
     scale_y, scale_x: resized / original size per axis (boxes in original pixels = resized / scale).
     """
 

@@ -237,3 +237,28 @@ def test_box_regression_runs_only_for_presets_that_save_regressed_boxes():
         rois = extractor.model.cfg.rpn_post_nms_topk * len(images)
         per_roi = 2 * TINY.feature_dim * 4 * TINY.num_classes
         assert bbox == (rois * per_roi if regressed else 0), selection
+
+
+def test_padding_to_shape_buckets_changes_nothing(model, images):
+    """On a GPU batches are padded to multiples of 64 px (few shapes for cuDNN's benchmark)."""
+    extractor = Extractor(_config("adaptive", min_boxes=5, max_boxes=20), model)
+    assert extractor.pad_multiple == 1  # on the CPU
+    exact = extractor(images)
+    extractor.pad_multiple = 64
+    assert extractor._batch(images).shape[-2:] == (192, 192)
+    _assert_same(extractor(images), exact)
+
+
+def test_uint8_pixels_give_the_same_regions(model, images):
+    """Extraction ships PIL-resized pixels (whole numbers) as uint8 (steps.ship_pixels)."""
+    from pipeline.extract.steps import Prepared, ship_pixels
+
+    extractor = Extractor(_config("adaptive", min_boxes=5, max_boxes=20), model)
+    items = [Prepared(ref=None, image=dataclasses.replace(im)) for im in images]
+    ship_pixels(items, PreprocessConfig(resize="pil"), pin=False)
+    assert all(item.image.pixels.dtype == torch.uint8 for item in items)
+    assert all(torch.equal(i.image.pixels.float(), im.pixels) for i, im in zip(items, images))
+    shipped = extractor([item.image for item in items])
+    for a, b in zip(shipped, extractor(images)):
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.boxes_xyxy_abs, b.boxes_xyxy_abs)

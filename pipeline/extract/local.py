@@ -1,17 +1,19 @@
-"""The local engine of `pipeline extract`: one process, decoding in a thread pool."""
+"""The local engine of `pipeline extract`: one process, decoding in a thread pool, the detector in
+the main thread, shard writing in a thread of its own."""
 
 from __future__ import annotations
 
-from collections import deque
+import os
+from collections import Counter, deque
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from extractor.extractor import Extractor
 from pipeline.extract.config import ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
-from pipeline.extract.steps import Prepared, detect_batch, prepare
+from pipeline.extract.steps import Prepared, detect_batch, prepare, ship_pixels
 
 
 class LocalEngine:
@@ -26,18 +28,51 @@ class LocalEngine:
             prepare, preprocess=job.preprocess, given_boxes=given_boxes,
             keep_bytes=job.output.keep_images,
         )
+        self.pin = extractor.device.type == "cuda"
+
+    def _prepare(self, ref) -> Prepared:
+        """prepare, then ship_pixels, in a decoding thread."""
+        item = self.prepare(ref)
+        ship_pixels([item], self.job.preprocess, self.pin)
+        return item
 
     def run(self, units: list[Unit], sink: ShardSink) -> None:
-        with ThreadPoolExecutor(self.job.run.decode_threads) as pool:
-            for unit, items in zip(units, self._prepared(pool, units)):
-                detect_batch(self.extractor, items, sink.tally.seconds)
-                sink.add(unit, items)
+        """Decoding threads ahead of the detector, the detector here, and shard writing in one
+        more thread behind it (in plan order; the sink and its tally are only touched there)."""
+        written: deque[Future] = deque()
+        with ThreadPoolExecutor(self._decode_threads()) as pool, \
+                ThreadPoolExecutor(1) as writer:
+            try:
+                for unit, items in zip(units, self._prepared(pool, units)):
+                    seconds: Counter = Counter()
+                    detect_batch(self.extractor, items, seconds)
+                    written.append(writer.submit(_write, sink, unit, items, seconds))
+                    while len(written) > self.AHEAD or (written and written[0].done()):
+                        written.popleft().result()  # a writing error stops the run here
+                while written:
+                    written.popleft().result()
+            finally:
+                for future in written:
+                    future.cancel()
+
+    def _decode_threads(self) -> int:
+        """run.decode_threads, or its default (see RunConfig)."""
+        if self.job.run.decode_threads is not None:
+            return self.job.run.decode_threads
+        if self.extractor.device.type == "cpu":
+            return 2
+        return max(1, min(16, len(os.sched_getaffinity(0))))
 
     def _prepared(self, pool: ThreadPoolExecutor, units: list[Unit]) -> Iterator[list[Prepared]]:
         pending: deque = deque()
         for unit in units:
-            pending.append([pool.submit(self.prepare, ref) for ref in unit.refs])
+            pending.append([pool.submit(self._prepare, ref) for ref in unit.refs])
             if len(pending) > self.AHEAD:
                 yield [future.result() for future in pending.popleft()]
         while pending:
             yield [future.result() for future in pending.popleft()]
+
+
+def _write(sink: ShardSink, unit: Unit, items: list[Prepared], seconds: Counter) -> None:
+    sink.tally.seconds.update(seconds)
+    sink.add(unit, items)

@@ -42,7 +42,7 @@ from pipeline.common.ray_session import ray_session
 from pipeline.extract.config import EngineConfig, ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
-from pipeline.extract.steps import detect_batch, prepare
+from pipeline.extract.steps import detect_batch, prepare, ship_pixels
 
 
 @dataclass(frozen=True)
@@ -97,12 +97,7 @@ def decode_unit(row: dict, preprocess: PreprocessConfig, keep_bytes: bool) -> di
     """Decode stage: a unit's (refs, given boxes) -> its list[Prepared] (bad images as errors)."""
     refs, given_boxes = pickle.loads(row["payload"])
     items = [prepare(ref, preprocess, given_boxes, keep_bytes) for ref in refs]
-    if preprocess.resize == "pil":
-        # PIL resizes in uint8, so the pixels are whole numbers 0..255: shipped as uint8 they take
-        # a quarter of the object store, and the Extractor converts them to float32 exactly.
-        for item in items:
-            if item.image is not None:
-                item.image.pixels = item.image.pixels.to(torch.uint8)
+    ship_pixels(items, preprocess, pin=False)  # pinned memory would not survive the object store
     return {"unit": row["unit"], "payload": pickle.dumps(items, pickle.HIGHEST_PROTOCOL)}
 
 

@@ -1,0 +1,62 @@
+"""Frozen BatchNorms folded into their convolutions (ConvNorm.fold_norm): the same network to
+float32 rounding, never stale, never in the way of gradients."""
+
+import dataclasses
+
+import pytest
+import torch
+from test_extractor_batching import TINY, _image, _random_detector
+
+from extractor.backbone import ConvNorm, fold_frozen_norms
+from extractor.config import ExtractorConfig, SelectionConfig
+
+
+def _unfold(model):
+    for module in model.modules():
+        if isinstance(module, ConvNorm):
+            module.folded = None
+
+
+@pytest.mark.parametrize(
+    "cfg", [TINY, dataclasses.replace(TINY, depth=50, width=4)], ids=["basic", "bottleneck"]
+)
+def test_folded_network_equals_the_unfolded_one_in_float32(cfg):
+    model = _random_detector(cfg)
+    images = torch.stack([_image(96, 160, 1).pixels, _image(96, 160, 2).pixels]) - 110.0
+    boxes = [torch.tensor([[0.0, 0, 50, 40], [30, 20, 150, 90]])] * 2
+    with torch.inference_mode():
+        res4 = model.backbone(images)
+        head = model.roi_heads(res4, boxes)
+        fold_frozen_norms(model)
+        assert all(m.folded is not None for m in model.modules() if isinstance(m, ConvNorm))
+        folded_res4 = model.backbone(images)
+        folded = model.roi_heads(folded_res4, boxes)
+    assert not torch.equal(folded_res4, res4)  # a different computation...
+    torch.testing.assert_close(folded_res4, res4, rtol=1e-4, atol=1e-4 * res4.abs().max().item())
+    scale = head.features.abs().max().item()
+    torch.testing.assert_close(folded.features, head.features, rtol=1e-4, atol=1e-4 * scale)
+    torch.testing.assert_close(folded.cls_logits, head.cls_logits, rtol=1e-4, atol=1e-4)
+
+
+def test_extractor_folds_and_a_changed_norm_is_refolded():
+    from extractor.extractor import Extractor
+
+    model = _random_detector(TINY)
+    cfg = ExtractorConfig(detector=TINY, selection=SelectionConfig(mode="adaptive", min_boxes=5))
+    extractor = Extractor(cfg, model)
+    conv = model.backbone.res4[0].conv1
+    assert conv.folded is not None
+    x = torch.randn(1, conv.in_channels, 8, 8)
+    with torch.no_grad():
+        conv.norm.bias.add_(1.0)  # in place: the folded copy is stale
+        refolded = conv(x)
+        _unfold(model)
+        torch.testing.assert_close(refolded, conv(x), rtol=1e-5, atol=1e-5)
+    assert extractor([_image(96, 160, 1)])[0].num_boxes >= 5
+
+
+def test_gradients_never_go_through_the_folded_copy():
+    conv = ConvNorm(4, 6, 3)
+    conv.fold_norm()
+    conv(torch.randn(2, 4, 5, 5)).sum().backward()
+    assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
