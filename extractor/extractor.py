@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -24,11 +25,66 @@ from extractor.batch_selection import SELECTION_PASSES, select_batch
 from extractor.config import ExtractorConfig
 from extractor.detector import BUTDDetector, RoIHeadOutputs, clip_boxes
 from extractor.features import RegionFeatures
-from extractor.host import fetch
+from extractor.host import Transfer, fetch
 from extractor.preprocess import PreparedImage
 from extractor.selection import select_regions
 
 STAGES = ("prepare", "backbone", "rpn", "roi_head", "selection")
+
+
+@dataclass
+class PendingBatch:
+    """A batch submitted to the device (Extractor.submit), for Extractor.collect.
+
+    transfer: the results' copy to the host (None when there is nothing to copy); head, scales,
+    rows: what selecting an image alone needs (the RoI head's outputs; per-image scales; the
+    RoIs, probabilities and attributes of the batch, and each image's RoI counts and offsets).
+    """
+
+    images: list[PreparedImage]
+    given_boxes: list[np.ndarray] | None
+    clock: _StageClock
+    transfer: Transfer | None = None
+    head: RoIHeadOutputs | None = None
+    scales: torch.Tensor | None = None
+    rows: dict = field(default_factory=dict)
+
+
+class _StageClock:
+    """Seconds per stage (STAGES) of one batch: on CUDA from events in the device's stream, read
+    once the batch's results are on the host (the stages never wait for the device), on the CPU
+    from the clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.stream = torch.cuda.current_stream(device) if self.cuda else None
+        self.seconds = dict.fromkeys(STAGES, 0.0)
+        self.marks: list[tuple[str, torch.cuda.Event]] = []
+        self.last = time.perf_counter()
+        if self.cuda:
+            self.marks.append(("start", self._event()))
+
+    def _event(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(self.stream)
+        return event
+
+    def tick(self, stage: str) -> None:
+        """End `stage`: an event in the stream on CUDA, the clock on the CPU."""
+        if self.cuda:
+            self.marks.append((stage, self._event()))
+            return
+        now = time.perf_counter()
+        self.seconds[stage] = now - self.last
+        self.last = now
+
+    def read(self) -> dict[str, float]:
+        """The stages' seconds (on CUDA, once the last event has completed)."""
+        if self.cuda and len(self.marks) > 1:
+            self.marks[-1][1].synchronize()
+            for (_, begun), (stage, ended) in zip(self.marks, self.marks[1:]):
+                self.seconds[stage] = begun.elapsed_time(ended) / 1000
+        return dict(self.seconds)
 
 
 class Extractor:
@@ -40,9 +96,10 @@ class Extractor:
         into their convolutions (ConvNorm.fold_norm; the state dict is unchanged).
     autocast_dtype: torch.bfloat16 / torch.float16 to run the CNN under autocast (CUDA), or None
         for float32. Probabilities and boxes are always computed in float32.
-    After each call, `last_timings` holds seconds per stage (STAGES): on CUDA from events in the
-    device's stream, read once the call's results are on the host (the stages themselves never
-    wait for the device), on the CPU from the clock.
+    compile_head: torch.compile the RoI head's res5 (compiled at the first call).
+    After each call (or `collect`), `last_timings` holds that batch's seconds per stage (STAGES):
+    on CUDA from events in the device's stream, read once its results are on the host (the stages
+    themselves never wait for the device), on the CPU from the clock.
     """
 
     def __init__(
@@ -51,6 +108,7 @@ class Extractor:
         model: BUTDDetector,
         device: str | torch.device = "cpu",
         autocast_dtype: torch.dtype | None = None,
+        compile_head: bool = False,
     ):
         if model.cfg != cfg.detector:
             raise ValueError(
@@ -72,49 +130,20 @@ class Extractor:
         if self.device.type == "cuda":
             self.pad_multiple = 64
             torch.backends.cudnn.benchmark = True
+        if compile_head:  # the module's own forward: its state dict keeps its names
+            res5 = self.model.roi_heads.res5
+            res5.forward = torch.compile(res5.forward)
         self.autocast_dtype = autocast_dtype
         mean = torch.tensor(cfg.detector.pixel_mean_bgr, dtype=torch.float32)
         self.pixel_mean = mean.view(3, 1, 1).to(self.device)
         self.last_timings: dict[str, float] = dict.fromkeys(STAGES, 0.0)
         # Passes of the batched selection's NMS: grown for the next batches where they fell short.
         self.selection_passes = SELECTION_PASSES
-        self._marks: list[tuple[str, torch.cuda.Event]] = []
 
     def _autocast(self):
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
-
-    def _event(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
-    def _begin(self) -> float:
-        """The call's start: the clock, and on CUDA the first event."""
-        if self.device.type == "cuda":
-            self._marks = [("start", self._event())]
-        return time.perf_counter()
-
-    def _tick(self, stage: str, start: float) -> float:
-        """End `stage` (begun at `start`, the clock): on CUDA an event recorded in the stream,
-        read by `_read_marks`; on the CPU the clock, returned as the next stage's start."""
-        if self.device.type == "cuda":
-            self._marks.append((stage, self._event()))
-            return start
-        now = time.perf_counter()
-        self.last_timings[stage] = now - start
-        return now
-
-    def _read_marks(self) -> None:
-        """On CUDA, the stages' seconds from consecutive events (the last one has completed once
-        the results are on the host; waiting for it costs nothing more)."""
-        if self.device.type != "cuda":
-            return
-        self._marks[-1][1].synchronize()
-        for (_, begun), (stage, ended) in zip(self._marks, self._marks[1:]):
-            self.last_timings[stage] = begun.elapsed_time(ended) / 1000
-        self._marks = []
 
     def _batch(self, images: list[PreparedImage]) -> torch.Tensor:
         """(N, 3, H, W) mean-subtracted BGR, zero-padded at the bottom/right of each image to a
@@ -129,11 +158,19 @@ class Extractor:
             batch[i, :, :h, :w] = pixels - self.pixel_mean
         return batch.contiguous(memory_format=self.memory_format)
 
-    @torch.inference_mode()
     def __call__(
         self, images: list[PreparedImage], given_boxes: list[np.ndarray] | None = None
     ) -> list[RegionFeatures]:
-        """Regions of each image.
+        """Regions of each image: `collect(submit(images, given_boxes))`."""
+        return self.collect(self.submit(images, given_boxes))
+
+    @torch.inference_mode()
+    def submit(
+        self, images: list[PreparedImage], given_boxes: list[np.ndarray] | None = None
+    ) -> PendingBatch:
+        """Queue a batch on the device and start its results' copy to the host; returns without
+        waiting for them (one host sync inside: the RPN's proposal counts). Submitting the next
+        batch before collecting this one keeps a GPU busy while the host assembles results.
 
         images: outputs of extractor.preprocess.resize_image (BGR 0-255 pixels (3, h, w), resized,
             not mean-subtracted, with scale_y / scale_x = resized / original and the original size).
@@ -147,9 +184,9 @@ class Extractor:
             )
         if given and len(given_boxes) != len(images):
             raise ValueError(f"{len(given_boxes)} box arrays for {len(images)} images")
+        clock = _StageClock(self.device)
         if not images:
-            return []
-        start = self._begin()
+            return PendingBatch(images, given_boxes, clock)
         sizes = [(int(im.pixels.shape[1]), int(im.pixels.shape[2])) for im in images]
         # (scale_x, scale_y, scale_x, scale_y) per image maps original pixels to input pixels.
         scales = torch.tensor(
@@ -158,11 +195,11 @@ class Extractor:
             device=self.device,
         )
         batch = self._batch(images)
-        start = self._tick("prepare", start)
+        clock.tick("prepare")
 
         with self._autocast():
             res4 = self.model.backbone(batch, sizes)
-        start = self._tick("backbone", start)
+        clock.tick("backbone")
 
         if given:
             rois = [
@@ -177,33 +214,44 @@ class Extractor:
                 min_sizes = [(min_size * im.scale_y, min_size * im.scale_x) for im in images]
             with self._autocast():
                 rois = self.model.proposal_generator(res4, sizes, min_sizes)
-        start = self._tick("rpn", start)
+        clock.tick("rpn")
 
         # Regressed boxes matter only to presets that save them (NMS runs on the saved boxes).
         regress = not given and self.cfg.selection.saved_boxes == "regressed"
         with self._autocast():
             head = self.model.roi_heads(res4, rois, box_deltas=regress)
-        start = self._tick("roi_head", start)
+        clock.tick("roi_head")
 
-        results = self._select(images, rois, head, scales, given_boxes)
-        self._tick("selection", start)
-        self._read_marks()
+        pending = self._select(images, given_boxes, rois, head, scales, clock)
+        clock.tick("selection")
+        return pending
+
+    @torch.inference_mode()
+    def collect(self, pending: PendingBatch) -> list[RegionFeatures]:
+        """The regions of a submitted batch (waits for its copy: one host sync); sets
+        `last_timings` to its stages."""
+        started = time.perf_counter()
+        results = self._assemble(pending)
+        self.last_timings = pending.clock.read()
+        if self.device.type != "cuda":  # the host's part of selection
+            self.last_timings["selection"] += time.perf_counter() - started
         return results
 
     def _select(
         self,
         images: list[PreparedImage],
+        given_boxes: list[np.ndarray] | None,
         rois: list[torch.Tensor],
         head: RoIHeadOutputs,
         scales: torch.Tensor,
-        given_boxes: list[np.ndarray] | None,
-    ) -> list[RegionFeatures]:
-        """Box selection and assembly of RegionFeatures for the whole batch on the device
-        (extractor.batch_selection), then one host sync for every result; an image the batched
-        selection cannot settle exactly is selected alone (extractor.selection)."""
+        clock: _StageClock,
+    ) -> PendingBatch:
+        """Box selection for the whole batch on the device (extractor.batch_selection), and the
+        start of every result's copy to the host."""
         counts = [len(r) for r in rois]
+        pending = PendingBatch(images, given_boxes, clock, head=head, scales=scales)
         if not any(counts):
-            return [self._regions(im, _empty_arrays(self.cfg, head)) for im in images]
+            return pending
         most = max(counts)
         offsets = np.cumsum([0, *counts])
         # (N, R) rows of the concatenated RoIs: each image's, then repeats of a row (not valid).
@@ -256,10 +304,22 @@ class Extractor:
             # Caffe order: background first, so column k + 1 is object id k.
             probs = cls_probs[picked]
             arrays["cls_probs"] = torch.cat((probs[..., -1:], probs[..., :-1]), dim=2)
-        host = fetch(arrays, "selected regions")
+        pending.transfer = Transfer(arrays)
+        pending.rows = {"counts": counts, "offsets": offsets, "rois": all_rois,
+                        "cls_probs": cls_probs, "attr_ids": attr_ids, "attr_conf": attr_conf}
+        return pending
+
+    def _assemble(self, pending: PendingBatch) -> list[RegionFeatures]:
+        """RegionFeatures of a submitted batch: its copied results, and the images the batched
+        selection could not settle selected alone (extractor.selection)."""
+        images, given_boxes = pending.images, pending.given_boxes
+        if pending.transfer is None:  # no images, or no RoIs in any
+            return [self._regions(im, _empty_arrays(self.cfg, pending.head)) for im in images]
+        host = pending.transfer.wait("selected regions")
         if given_boxes is None and not host["converged"].all():
             self.selection_passes += self.selection_passes // 2
-
+        batch = pending.rows
+        counts, offsets = batch["counts"], batch["offsets"]
         results = []
         for i, im in enumerate(images):
             if given_boxes is not None:
@@ -269,8 +329,10 @@ class Extractor:
                 count, boxes = int(host["counts"][i]), host["boxes"][i]
             else:
                 lo, hi = int(offsets[i]), int(offsets[i + 1])
-                results.append(self._select_alone(im, lo, hi, all_rois, cls_probs, head,
-                                                  scales[i], attr_ids, attr_conf))
+                results.append(self._select_alone(
+                    im, lo, hi, batch["rois"], batch["cls_probs"], pending.head,
+                    pending.scales[i], batch["attr_ids"], batch["attr_conf"],
+                ))
                 continue
             image = {k: v[i, :count] for k, v in host.items()
                      if k not in ("counts", "exact", "converged")}

@@ -1,12 +1,13 @@
 """`pipeline bench extract` runs end to end on the bundled photos (tiny detector, CPU)."""
 
+import json
 import math
 from collections import Counter
 
 import pytest
 import torch
 
-from pipeline.bench.extract import STAGES, steady_rate, steady_stage_ms
+from pipeline.bench.extract import STAGES, steady_rate, steady_stage_ms, with_mfu
 from pipeline.bench.peaked import logit_scale, peaked_weights
 from pipeline.cli import main
 from pipeline.common.assets import SAMPLE_IMAGES
@@ -16,23 +17,37 @@ TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "de
         "--random-weights"]
 
 
-def test_bench_extract_prints_one_row_per_setting(capsys):
+def test_bench_extract_prints_one_row_per_setting(capsys, tmp_path):
     assert (SAMPLE_IMAGES / "astronaut.jpg").is_file()
     code = main(["bench", "extract", "--device", "cpu", "--num-images", "3",
-                 "--batch-sizes", "1,2", *TINY])
+                 "--batch-sizes", "1,2", "--json", str(tmp_path / "bench.json"), *TINY])
     assert code == 0
     out = capsys.readouterr().out
     head = next(line for line in out.splitlines() if line.startswith("| engine |"))
     columns = [c.strip() for c in head.split("|")[1:-1]]
-    assert columns[8:] == [f"{s} ms" for s in STAGES] + ["syncs/img", "ops/img"]
+    assert columns[8:] == [f"{s} ms" for s in STAGES] + ["syncs/img", "ops/img", "GFLOP/img",
+                                                          "MFU"]
     assert "prepare ms" in head
     rows = [line for line in out.splitlines() if line.startswith("| local |")]
     assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]
-    for row in rows:
+    saved = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    for row, batch, numbers in zip(rows, (1, 2), saved):
         assert float(row.split("|")[4]) > 0  # images/s
         assert row.split("|")[6].strip() == "1"  # the 3 images include broken_truncated.jpg
-        syncs, ops = (float(c) for c in row.split("|")[-3:-1])
-        assert syncs > 0 and ops > 100  # random weights: selection's slow path
+        syncs, ops, gflops = (float(c) for c in row.split("|")[-5:-2])
+        assert syncs == 2 / batch  # the RPN's counts and the results: two waits per batch
+        assert ops > 50 and gflops > 0
+        assert row.split("|")[-2].strip() == "-"  # no MFU on a CPU
+        assert numbers["batch"] == batch and numbers["mfu"] is None
+        assert math.isclose(numbers["gflops_per_image"], gflops, rel_tol=0.01, abs_tol=0.05)
+
+
+def test_mfu_is_the_achieved_share_of_the_gpus_peak():
+    row = {"precision": "bf16", "images_per_s": 250.0, "gflops_per_image": 1960.0}
+    assert with_mfu(row, "NVIDIA H100 80GB HBM3")["mfu"] == pytest.approx(250 * 1.96 / 989.4)
+    assert with_mfu(row | {"precision": "fp32"}, "NVIDIA H200")["mfu"] == pytest.approx(
+        250 * 1.96 / 494.7)
+    assert with_mfu(row, "Some GPU")["mfu"] is None and with_mfu(row, None)["mfu"] is None
 
 
 def test_rates_and_stage_times_count_extracted_images_after_the_warm_up_batch():

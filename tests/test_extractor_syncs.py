@@ -90,3 +90,11 @@ def test_rpn_nms_on_the_device_equals_torchvision():
             assert not found["converged"].all()
         if prefix == 52:
             assert not found["enough"].all()
+
+
+def test_a_batch_submitted_before_the_last_is_collected(peaked_model, images):
+    """Extract's pipelining: submit(b2) before collect(b1) gives what two calls give."""
+    extractor = Extractor(preset_config("caffe", CFG), peaked_model)
+    first, second = extractor.submit(images[:3]), extractor.submit(images[3:5])
+    pipelined = extractor.collect(first) + extractor.collect(second)
+    _same(pipelined, extractor(images[:3]) + extractor(images[3:5]))

@@ -3,6 +3,7 @@ float32 rounding, never stale, never in the way of gradients."""
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 from test_extractor_batching import TINY, _image, _random_detector
@@ -60,3 +61,19 @@ def test_gradients_never_go_through_the_folded_copy():
     conv.fold_norm()
     conv(torch.randn(2, 4, 5, 5)).sum().backward()
     assert conv.weight.grad is not None and conv.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.slow
+def test_compiled_head_equals_the_eager_one():
+    """run.compile: torch.compile of res5 (CPU inductor here; about a minute to compile)."""
+    from extractor.extractor import Extractor
+
+    cfg = ExtractorConfig(detector=TINY, selection=SelectionConfig(mode="given"))
+    images = [_image(96, 160, 1), _image(96, 160, 2)]
+    boxes = [np.array([[0.0, 0, 50, 40], [30, 20, 150, 90]], np.float32)] * 2
+    eager = Extractor(cfg, _random_detector(TINY))(images, boxes)
+    compiled = Extractor(cfg, _random_detector(TINY), compile_head=True)
+    assert list(compiled.model.state_dict()) == list(_random_detector(TINY).state_dict())
+    for a, b in zip(compiled(images, boxes), eager):
+        np.testing.assert_allclose(a.features.astype(np.float32), b.features, rtol=1e-3, atol=1e-3)
+        np.testing.assert_allclose(a.object_conf, b.object_conf, rtol=1e-4, atol=1e-6)

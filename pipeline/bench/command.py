@@ -42,6 +42,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="with --random-weights: random (near-uniform class scores: selection's slowest path) "
         "or peaked (class logits scaled until scores are as confident as a trained detector's)"
     )
+    extract.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     extract.add_argument(
         "--ray", action="store_true", help="also run the Ray engine (a local Ray; actors, "
         "decoders via --set run.actors=N ...) and report its overhead"

@@ -12,9 +12,11 @@ the detector, so the stages do not add up to the wall time.
 `--ray` runs the in-process engine and then the Ray engine on the same images, detector and batch
 size, and reports overhead = 1 - ray images/s / in-process images/s.
 
-Host syncs and kernel-launching ops per image (pipeline/bench/dispatch.py) are counted over one
-more Extractor call on the first batch of good images, outside the timed runs: exact on any
-device, and what decides whether a GPU waits on its host. `--scores peaked` (with
+Host syncs and kernel-launching ops per image (pipeline/bench/dispatch.py) and FLOPs per image
+(torch.utils.flop_counter) are counted over more Extractor calls on the first batch of good
+images, after a warm-up call, outside the timed runs: exact on any device, and what decides whether a GPU waits on its
+host. On a known GPU (PEAK_TFLOPS), MFU = images/s x FLOPs per image / the GPU's dense peak for
+the precision. `--json OUT` writes every number. `--scores peaked` (with
 `--random-weights`) scales the random detector's class logits so that its scores are as confident
 as a trained detector's (pipeline/bench/peaked.py): selection then runs the path users' runs take.
 """
@@ -29,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.common.config import ConfigError
@@ -42,6 +45,13 @@ from pipeline.extract.detector import build_extractor
 from pipeline.extract.job import extract_refs
 from pipeline.extract.output import Tally
 from pipeline.extract.steps import prepare
+
+# Dense tensor-core peaks, TFLOP/s (vendor data sheets, SXM parts): TF32 for "fp32", BF16/FP16.
+PEAK_TFLOPS = {
+    "H200": {"fp32": 494.7, "bf16": 989.4},
+    "H100": {"fp32": 494.7, "bf16": 989.4},
+    "A100": {"fp32": 156.0, "bf16": 312.0},
+}
 
 STAGES = ("decode", "preprocess", "prepare", "backbone", "rpn", "roi_head", "selection", "write")
 
@@ -107,16 +117,38 @@ def first_good_images(job: ExtractJobConfig, refs: list[ImageRef], count: int) -
     return [item.image for _, item in zip(range(count), good)]
 
 
-def dispatch_per_image(job: ExtractJobConfig, refs: list[ImageRef], weights: str | None) -> dict:
-    """Host syncs and ops per image of one Extractor call on the first batch of good images
-    (none in box mode "given", which needs boxes the benchmark does not have)."""
+def counted_per_image(job: ExtractJobConfig, refs: list[ImageRef], weights: str | None) -> dict:
+    """Host syncs, kernel-launching ops and FLOPs (torch.utils.flop_counter: convolutions and
+    matrix products) per image of one Extractor call on the first batch of good images (none in
+    box mode "given", which needs boxes the benchmark does not have)."""
     if job.selection.mode == "given":
-        return {"syncs_per_image": None, "ops_per_image": None}
+        return {"syncs_per_image": None, "ops_per_image": None, "gflops_per_image": None}
     extractor, _ = build_extractor(job, weights)
     images = first_good_images(job, refs, job.run.batch_size)
+    extractor(images)  # the warm-up, as in the timed runs (the RPN's NMS prefix settles)
     _, counts = count_dispatch(lambda: extractor(images))
+    with FlopCounterMode(display=False) as flops:
+        extractor(images)
     n = len(images)
-    return {"syncs_per_image": counts.syncs / n, "ops_per_image": counts.ops / n}
+    return {"syncs_per_image": counts.syncs / n, "ops_per_image": counts.ops / n,
+            "gflops_per_image": flops.get_total_flops() / n / 1e9}
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """The dense tensor-core peak of a known GPU for a precision (fp32 runs convolutions and
+    matrix products in TF32 there, PyTorch's default for cuDNN), else None."""
+    for name, peaks in PEAK_TFLOPS.items():
+        if name in device_name:
+            return peaks["fp32" if precision == "fp32" else "bf16"]
+    return None
+
+
+def with_mfu(row: dict, device_name: str | None) -> dict:
+    """row plus "mfu": FLOPs per second achieved / the GPU's peak (None off a known GPU)."""
+    peak = peak_tflops(device_name, row["precision"]) if device_name else None
+    if peak is None or row.get("gflops_per_image") is None:
+        return row | {"mfu": None}
+    return row | {"mfu": row["images_per_s"] * row["gflops_per_image"] / (peak * 1e3)}
 
 
 def same_samples(a: Path, b: Path) -> bool:
@@ -153,12 +185,15 @@ def _bench_settings(args, refs: list[ImageRef], engines: tuple[str, ...],
             )
             if precision != "fp32" and pick_device(job.run.device).type != "cuda":
                 raise ConfigError(f"precision {precision} needs a CUDA device")
-            counted = dispatch_per_image(job, refs, weights)
+            counted = counted_per_image(job, refs, weights)
+            device = pick_device(job.run.device)
+            name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
             with tempfile.TemporaryDirectory() as tmp:
                 for engine in engines:
                     run = dataclasses.replace(job.run, engine=engine)
                     engine_job = dataclasses.replace(job, run=run)
-                    rows.append(run_engine(engine_job, refs, Path(tmp) / engine, weights) | counted)
+                    row = run_engine(engine_job, refs, Path(tmp) / engine, weights) | counted
+                    rows.append(with_mfu(row, name))
                 if args.ray:
                     local, ray = rows[-2:]
                     ray["overhead"] = 1 - ray["images_per_s"] / local["images_per_s"]
@@ -168,8 +203,9 @@ def _bench_settings(args, refs: list[ImageRef], engines: tuple[str, ...],
 
 def format_table(rows: list[dict]) -> str:
     head = ("| engine | batch | precision | images/s | end to end | failed | start-up s | "
-            "boxes/img | " + " | ".join(f"{s} ms" for s in STAGES) + " | syncs/img | ops/img |")
-    lines = [head, "|" + "---|" * (10 + len(STAGES))]
+            "boxes/img | " + " | ".join(f"{s} ms" for s in STAGES) +
+            " | syncs/img | ops/img | GFLOP/img | MFU |")
+    lines = [head, "|" + "---|" * (12 + len(STAGES))]
     for r in rows:
         stages = " | ".join(f"{r[s]:.1f}" for s in STAGES)
         startup = f"{r['first_batch_s']:.1f}"
@@ -179,7 +215,8 @@ def format_table(rows: list[dict]) -> str:
             f"| {r['engine']} | {r['batch']} | {r['precision']} | {r['images_per_s']:.2f} | "
             f"{r['end_to_end_per_s']:.2f} | {r['failed']} | {startup} | "
             f"{r['boxes_per_image']:.1f} | {stages} | {_count(r['syncs_per_image'])} | "
-            f"{_count(r['ops_per_image'])} |"
+            f"{_count(r['ops_per_image'])} | {_count(r['gflops_per_image'])} | "
+            f"{_percent(r['mfu'])} |"
         )
     for r in rows:
         if "overhead" in r:
@@ -194,9 +231,16 @@ def _count(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
 def run(args) -> int:
     rows = bench_extract(args)
     weights = "random, peaked scores" if args.scores == "peaked" else (args.weights or "random")
     print(f"hardware: {hardware()}; detector weights: {weights}")
     print(format_table(rows))
+    if args.json:
+        report = {"hardware": hardware(), "weights": weights, "rows": rows}
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0

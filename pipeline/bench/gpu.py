@@ -43,7 +43,7 @@ def gpu_tests(quick: bool) -> dict:
 
 def extraction(quick: bool, device: str | None) -> list[dict]:
     args = argparse.Namespace(
-        weights=None, random_weights=True, scores="peaked", images=None, ray=False,
+        weights=None, random_weights=True, scores="peaked", images=None, ray=False, json=None,
         num_images=4 if quick else 96, batch_sizes="1,2" if quick else "1,8,16,32",
         precisions="fp32" if quick else "bf16,fp32", device=device, config=None,
         sets=["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"] if quick else [],

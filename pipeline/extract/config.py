@@ -44,6 +44,9 @@ class EngineConfig:
     actors, gpus_per_actor, decoders: the Ray engine's detector actors, GPUs each (fractions share
         a GPU) and decode tasks. None = from the cluster's resources: gpus_per_actor 1 if it has
         GPUs (else 0), one actor per GPU (else 1 CPU actor), decoders = the CPUs left (at least 1).
+    compile: torch.compile the RoI head's res5 (nearly all of the detector's FLOPs), for fused
+        kernels on a GPU; equal to the eager head within float rounding. Its compile time falls
+        in the first batch (`pipeline bench extract`'s start-up column, apart from images/s).
     """
 
     engine: Engine = "ray"
@@ -55,10 +58,12 @@ class EngineConfig:
     actors: int | None = None
     gpus_per_actor: float | None = None
     decoders: int | None = None
+    compile: bool = False
 
 
 ENGINE_FIELDS = (
     "engine", "device", "batch_size", "decode_threads", "actors", "gpus_per_actor", "decoders",
+    "compile",
 )
 
 

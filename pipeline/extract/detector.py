@@ -52,5 +52,6 @@ def build_extractor(
     detector = detector_record(job, weights, model)
     device = pick_device(device or job.run.device)
     autocast = AUTOCAST[job.run.precision] if device.type == "cuda" else None
-    extractor = Extractor(job.extractor_config(), model, device=device, autocast_dtype=autocast)
+    extractor = Extractor(job.extractor_config(), model, device=device, autocast_dtype=autocast,
+                          compile_head=job.run.compile)
     return extractor, detector

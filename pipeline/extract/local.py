@@ -13,7 +13,9 @@ from extractor.extractor import Extractor
 from pipeline.extract.config import ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
-from pipeline.extract.steps import Prepared, detect_batch, prepare, ship_pixels
+from pipeline.extract.steps import (
+    InFlight, Prepared, finish_batch, prepare, ship_pixels, submit_batch,
+)
 
 
 class LocalEngine:
@@ -37,23 +39,36 @@ class LocalEngine:
         return item
 
     def run(self, units: list[Unit], sink: ShardSink) -> None:
-        """Decoding threads ahead of the detector, the detector here, and shard writing in one
-        more thread behind it (in plan order; the sink and its tally are only touched there)."""
+        """Decoding threads ahead of the detector; the detector here, with the next batch
+        submitted before the current one is collected (so a GPU has queued work while the host
+        assembles results); shard writing in one more thread behind it (in plan order; the sink
+        and its tally are only touched there)."""
         written: deque[Future] = deque()
         with ThreadPoolExecutor(self._decode_threads()) as pool, \
                 ThreadPoolExecutor(1) as writer:
             try:
+                in_flight = None  # the batch on the device while the next one is submitted
                 for unit, items in zip(units, self._prepared(pool, units)):
-                    seconds: Counter = Counter()
-                    detect_batch(self.extractor, items, seconds)
-                    written.append(writer.submit(_write, sink, unit, items, seconds))
+                    flight = submit_batch(self.extractor, items)
+                    if in_flight is not None:
+                        written.append(self._finish(writer, sink, *in_flight))
+                    in_flight = (unit, items, flight)
                     while len(written) > self.AHEAD or (written and written[0].done()):
                         written.popleft().result()  # a writing error stops the run here
+                if in_flight is not None:
+                    written.append(self._finish(writer, sink, *in_flight))
                 while written:
                     written.popleft().result()
             finally:
                 for future in written:
                     future.cancel()
+
+    def _finish(self, writer: ThreadPoolExecutor, sink: ShardSink, unit: Unit,
+                items: list[Prepared], flight: InFlight) -> Future:
+        """Collect a submitted batch here, and queue its writing."""
+        seconds: Counter = Counter()
+        finish_batch(self.extractor, flight, seconds)
+        return writer.submit(_write, sink, unit, items, seconds)
 
     def _decode_threads(self) -> int:
         """run.decode_threads, or its default (see RunConfig)."""

@@ -1,7 +1,9 @@
 """What both extraction engines do to one batch of images, wherever they run it.
 
 `prepare` reads, decodes and resizes one image; a bad image becomes an error, never an exception.
-`detect_batch` runs a batch's good images through the Extractor as one call. Both engines cut
+`detect_batch` runs a batch's good images through the Extractor as one call; `submit_batch` and
+`finish_batch` are its two halves, so that an engine can submit the next batch before it finishes
+this one. Both engines cut
 the same batches (see `pipeline.extract.plan.plan_units`) and call these same functions, so they
 write the same samples: the in-process engine from threads and one Extractor, the Ray engine from
 decode tasks and detector actors. Bit for bit, given the same torch thread count for the detector
@@ -26,7 +28,7 @@ from extractor.preprocess import ImageError, PreparedImage, decode_image, resize
 from pipeline.datasets import ImageRef
 
 if TYPE_CHECKING:  # a decode worker never loads the detector (torchvision: ~10 s of CPU to import)
-    from extractor.extractor import Extractor
+    from extractor.extractor import Extractor, PendingBatch
     from extractor.features import RegionFeatures
 
 
@@ -96,22 +98,44 @@ def ship_pixels(items: list[Prepared], preprocess: PreprocessConfig, pin: bool) 
             item.image.pixels = item.image.pixels.pin_memory()
 
 
-def detect_batch(extractor: Extractor, items: list[Prepared], seconds: Counter) -> None:
-    """Detect the batch's good images in one Extractor call, in place.
+@dataclass
+class InFlight:
+    """A batch's good items submitted to the Extractor (`pending`), or the error submitting
+    raised."""
 
-    Each good item gets `features` and loses its `image` (the pixels are no longer needed); if the
-    batch raises, its images are retried one by one so only the image that breaks it gets an
-    `error`. Adds the Extractor's stage times (seconds) to `seconds`.
-    """
+    good: list[Prepared]
+    pending: PendingBatch | None = None
+    error: Exception | None = None
+
+
+def submit_batch(extractor: Extractor, items: list[Prepared]) -> InFlight:
+    """Submit the batch's good images to the Extractor as one batch (Extractor.submit)."""
     good = [item for item in items if item.error is None]
     if not good:
-        return
+        return InFlight(good)
     given = [item.boxes for item in good] if extractor.cfg.selection.mode == "given" else None
     try:
-        results = extractor([item.image for item in good], given_boxes=given)
+        return InFlight(good, extractor.submit([item.image for item in good], given_boxes=given))
     except (RuntimeError, ValueError) as err:
+        return InFlight(good, error=err)
+
+
+def finish_batch(extractor: Extractor, flight: InFlight, seconds: Counter) -> None:
+    """Collect a submitted batch, in place: each good item gets `features` and loses its `image`
+    (the pixels are no longer needed). If the batch raised, its images are retried one by one so
+    only the image that breaks it gets an `error`. Adds the batch's stage times to `seconds`."""
+    good = flight.good
+    if not good:
+        return
+    results = None
+    if flight.error is None:
+        try:
+            results = extractor.collect(flight.pending)
+        except (RuntimeError, ValueError) as err:
+            flight.error = err
+    if results is None:
         if len(good) == 1:
-            good[0].error = f"{good[0].ref.location}: detection failed: {err}"
+            good[0].error = f"{good[0].ref.location}: detection failed: {flight.error}"
             return
         for item in good:
             detect_batch(extractor, [item], seconds)
@@ -119,3 +143,9 @@ def detect_batch(extractor: Extractor, items: list[Prepared], seconds: Counter) 
     seconds.update(extractor.last_timings)
     for item, feats in zip(good, results):
         item.features, item.image = feats, None
+
+
+def detect_batch(extractor: Extractor, items: list[Prepared], seconds: Counter) -> None:
+    """Detect the batch's good images in one Extractor call, in place (`finish_batch` of
+    `submit_batch`)."""
+    finish_batch(extractor, submit_batch(extractor, items), seconds)
