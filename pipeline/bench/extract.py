@@ -2,7 +2,8 @@
 
 Runs `pipeline extract`'s own path (`extract_refs`: plan, decode, the Extractor, the shard writer)
 over N images into a temporary directory. Throughput is the steady state: images extracted after
-the first batch divided by the time from the first batch's write to the last one's, so model
+the first batch divided by the time from the first batch's write to the last one's (the
+second-to-last one's from three batches on: see steady_rate), so model
 loading, warm-up and (for Ray) cluster and actor start-up are left out; they are reported apart.
 Images that fail to decode are recorded as in extraction, counted in their own column and never
 in images/s. Stage times are milliseconds per extracted image over the batches after the first
@@ -14,9 +15,9 @@ size, and reports overhead = 1 - ray images/s / in-process images/s.
 
 Host syncs and kernel-launching ops per image (pipeline/bench/dispatch.py) and FLOPs per image
 (torch.utils.flop_counter) are counted over more Extractor calls on the first batch of good
-images, after a warm-up call, outside the timed runs: exact on any device, and what decides whether a GPU waits on its
-host. On a known GPU (PEAK_TFLOPS), MFU = images/s x FLOPs per image / the GPU's dense peak for
-the precision. `--json OUT` writes every number. `--scores peaked` (with
+images, after a warm-up call, outside the timed runs: exact on any device, and what decides
+whether a GPU waits on its host. On a known GPU (PEAK_TFLOPS), MFU = images/s x FLOPs per image
+/ the GPU's dense peak for the precision. `--json OUT` writes every number. `--scores peaked` (with
 `--random-weights`) scales the random detector's class logits so that its scores are as confident
 as a trained detector's (pipeline/bench/peaked.py): selection then runs the path users' runs take.
 """
@@ -72,10 +73,15 @@ def hardware() -> str:
 
 
 def steady_rate(tally: Tally) -> float:
-    """Extracted images/s from the first batch's write to the last one's (0 if there is one
-    batch)."""
-    first, last = tally.timeline[0][0], tally.timeline[-1][0]
-    return _after_warmup(tally) / (last - first) if last > first else 0.0
+    """Extracted images/s over the batches after the first: from the first batch's write to the
+    second-to-last one's when there are three or more, else to the last one's (0 with one batch).
+    The last batch is left out because on a GPU the local engine keeps one batch in flight: every
+    batch is written once the next one's proposals are in, the last one as soon as it is done,
+    so it would arrive early and inflate the rate."""
+    points = tally.timeline[:-1] if len(tally.timeline) >= 3 else tally.timeline
+    first, last = points[0][0], points[-1][0]
+    images = sum(extracted for _, extracted, _ in points[1:])
+    return images / (last - first) if last > first else 0.0
 
 
 def _after_warmup(tally: Tally) -> int:
@@ -193,7 +199,7 @@ def _bench_settings(args, refs: list[ImageRef], engines: tuple[str, ...],
                     run = dataclasses.replace(job.run, engine=engine)
                     engine_job = dataclasses.replace(job, run=run)
                     row = run_engine(engine_job, refs, Path(tmp) / engine, weights) | counted
-                    rows.append(with_mfu(row, name))
+                    rows.append(with_mfu(row | {"compiled": job.run.compile}, name))
                 if args.ray:
                     local, ray = rows[-2:]
                     ray["overhead"] = 1 - ray["images_per_s"] / local["images_per_s"]
@@ -212,7 +218,8 @@ def format_table(rows: list[dict]) -> str:
         if r["engine"] == "ray":
             startup += f" (Ray {r['ray_start_s']:.1f})"
         lines.append(
-            f"| {r['engine']} | {r['batch']} | {r['precision']} | {r['images_per_s']:.2f} | "
+            f"| {r['engine']}{' (compiled)' if r['compiled'] else ''} | {r['batch']} | "
+            f"{r['precision']} | {r['images_per_s']:.2f} | "
             f"{r['end_to_end_per_s']:.2f} | {r['failed']} | {startup} | "
             f"{r['boxes_per_image']:.1f} | {stages} | {_count(r['syncs_per_image'])} | "
             f"{_count(r['ops_per_image'])} | {_count(r['gflops_per_image'])} | "

@@ -4,7 +4,8 @@
 
 1. the GPU tests (`pytest -m gpu`), when pytest is installed;
 2. `pipeline bench extract` of the real R101 at 600/1000 (the caffe preset) with random weights
-   whose scores are peaked like a trained detector's, batches 1, 8, 16, 32 in bf16 and fp32;
+   whose scores are peaked like a trained detector's, batches 1, 8, 16, 32 in bf16 and fp32
+   (`--compile`: one more row, bf16 at batch 32 with the RoI head compiled, run.compile);
 3. `python -m pipeline.bench.model`: our LXMERT training step against transformers'.
 
 It writes `gpu_suite.md` (the tables, the command and the hardware) and `gpu_suite.json` (every
@@ -41,14 +42,23 @@ def gpu_tests(quick: bool) -> dict:
     return {"ran": True, "exit_code": done.returncode, "summary": lines[-1] if lines else ""}
 
 
-def extraction(quick: bool, device: str | None) -> list[dict]:
+def extraction(quick: bool, device: str | None, compiled: bool = False) -> list[dict]:
+    """The extraction rows; `compiled` adds one with run.compile (bf16, the largest batch)."""
+    sets = ["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"] if quick else []
     args = argparse.Namespace(
         weights=None, random_weights=True, scores="peaked", images=None, ray=False, json=None,
         num_images=4 if quick else 96, batch_sizes="1,2" if quick else "1,8,16,32",
-        precisions="fp32" if quick else "bf16,fp32", device=device, config=None,
-        sets=["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"] if quick else [],
+        precisions="fp32" if quick else "bf16,fp32", device=device, config=None, sets=sets,
     )
-    return bench_extract(args)
+    rows = bench_extract(args)
+    if compiled:
+        largest = args.batch_sizes.split(",")[-1]
+        precision = "fp32" if quick else "bf16"
+        rows += bench_extract(argparse.Namespace(
+            **vars(args) | {"batch_sizes": largest, "precisions": precision,
+                            "sets": sets + ["run.compile=true"]}
+        ))
+    return rows
 
 
 def training(quick: bool, device: str | None, json_path: Path) -> dict:
@@ -71,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="docs", help="folder for gpu_suite.md/.json (docs)")
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda if available)")
     parser.add_argument("--quick", action="store_true", help="tiny settings (checks the suite)")
+    parser.add_argument("--compile", action="store_true", help="one more extraction row with the "
+                        "RoI head compiled (run.compile; bf16, batch 32; a few minutes more)")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python -m pipeline.bench.gpu " + " ".join(argv or sys.argv[1:]),
               "hardware": hardware(), "date": time.strftime("%Y-%m-%d", time.gmtime(started))}
     report["tests"] = gpu_tests(args.quick)
-    report["extraction"] = extraction(args.quick, args.device)
+    report["extraction"] = extraction(args.quick, args.device, args.compile)
     report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json")
     report["seconds"] = time.time() - started
     (out / "gpu_suite.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -31,6 +31,8 @@ class LocalEngine:
             keep_bytes=job.output.keep_images,
         )
         self.pin = extractor.device.type == "cuda"
+        # One batch in flight only on a GPU: on the CPU, submit already does all the work.
+        self.pipelined = extractor.device.type == "cuda"
 
     def _prepare(self, ref) -> Prepared:
         """prepare, then ship_pixels, in a decoding thread."""
@@ -39,10 +41,10 @@ class LocalEngine:
         return item
 
     def run(self, units: list[Unit], sink: ShardSink) -> None:
-        """Decoding threads ahead of the detector; the detector here, with the next batch
-        submitted before the current one is collected (so a GPU has queued work while the host
-        assembles results); shard writing in one more thread behind it (in plan order; the sink
-        and its tally are only touched there)."""
+        """Decoding threads ahead of the detector; the detector here, on a GPU with the next
+        batch submitted before the current one is collected (so the GPU has queued work while
+        the host assembles results); shard writing in one more thread behind it (in plan order;
+        the sink and its tally are only touched there)."""
         written: deque[Future] = deque()
         with ThreadPoolExecutor(self._decode_threads()) as pool, \
                 ThreadPoolExecutor(1) as writer:
@@ -53,6 +55,9 @@ class LocalEngine:
                     if in_flight is not None:
                         written.append(self._finish(writer, sink, *in_flight))
                     in_flight = (unit, items, flight)
+                    if not self.pipelined:  # finished at once
+                        written.append(self._finish(writer, sink, *in_flight))
+                        in_flight = None
                     while len(written) > self.AHEAD or (written and written[0].done()):
                         written.popleft().result()  # a writing error stops the run here
                 if in_flight is not None:
