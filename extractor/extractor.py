@@ -303,7 +303,7 @@ class Extractor:
         if self.cfg.save_class_probs:
             # Caffe order: background first, so column k + 1 is object id k.
             probs = cls_probs[picked]
-            arrays["cls_probs"] = torch.cat((probs[..., -1:], probs[..., :-1]), dim=2)
+            arrays["cls_probs"] = _background_first(probs)
         pending.transfer = Transfer(arrays)
         pending.rows = {"counts": counts, "offsets": offsets, "rois": all_rois,
                         "cls_probs": cls_probs, "attr_ids": attr_ids, "attr_conf": attr_conf}
@@ -355,7 +355,7 @@ class Extractor:
                   "attr_conf": attr_conf[idx], "features": head.features.to(torch.float16)[idx]}
         if self.cfg.save_class_probs:
             probs = cls_probs[idx]
-            arrays["cls_probs"] = torch.cat((probs[:, -1:], probs[:, :-1]), dim=1)
+            arrays["cls_probs"] = _background_first(probs)
         return self._regions(im, fetch(arrays, "regions of one image"))
 
     def _regions(self, im: PreparedImage, arrays: dict[str, np.ndarray]) -> RegionFeatures:
@@ -389,3 +389,9 @@ def _empty_arrays(cfg: ExtractorConfig, head: RoIHeadOutputs) -> dict[str, np.nd
 
 def _round_up(size: int, multiple: int) -> int:
     return -(-size // multiple) * multiple
+
+
+def _background_first(probs: torch.Tensor) -> torch.Tensor:
+    """Class probabilities (..., C + 1) in Caffe's order: background first, so column k + 1 is
+    object id k (the model keeps background last)."""
+    return torch.cat((probs[..., -1:], probs[..., :-1]), dim=-1)

@@ -67,7 +67,13 @@ def test_batched_path_equals_the_per_image_reference(peaked_model, images, prese
     reference.selection_passes = 0
     monkeypatch.setattr(detector, "greedy_passes",
                         lambda o, v, p: (v, torch.zeros_like(v[:, 0])))
-    _same(batched, reference(images))
+    alone = []
+    select_alone = reference._select_alone
+    monkeypatch.setattr(reference, "_select_alone", lambda *a: alone.append(a) or select_alone(*a))
+    expected = reference(images)
+    assert len(alone) == len(images)  # every image took the per-image path
+    assert len(batched) == len(expected) == len(images)
+    _same(batched, expected)
 
 
 def test_rpn_nms_on_the_device_equals_torchvision():
@@ -97,4 +103,7 @@ def test_a_batch_submitted_before_the_last_is_collected(peaked_model, images):
     extractor = Extractor(preset_config("caffe", CFG), peaked_model)
     first, second = extractor.submit(images[:3]), extractor.submit(images[3:5])
     pipelined = extractor.collect(first) + extractor.collect(second)
-    _same(pipelined, extractor(images[:3]) + extractor(images[3:5]))
+    sequential = extractor(images[:3]) + extractor(images[3:5])
+    assert [r.num_boxes for r in pipelined] == [r.num_boxes for r in sequential]
+    assert len(pipelined) == 5 and all(r.num_boxes > 0 for r in pipelined)
+    _same(pipelined, sequential)
