@@ -157,3 +157,29 @@ def test_a_run_hands_back_the_thread_count(pretrain_world, tmp_path):
                          f"run.threads_per_worker={before + 1}")
     run_training(pretrain_job, config, tmp_path / "run")
     assert torch.get_num_threads() == before
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 processes on 2 cores
+@pytest.mark.parametrize("arch", ["lxmert", "vlbert"])  # vlbert: text-only rows too
+def test_data_workers_build_the_same_batches(pretrain_world, tmp_path, monkeypatch, arch):
+    """Batches built by worker processes (each its share of the micro-batches, gathered in
+    order) and by the training process give the same run, also when the workers' run stops and
+    resumes mid-epoch, with gradient accumulation."""
+    sets = ["run.max_steps=12", "run.epochs=100", "run.val_every=12", "run.checkpoint_every=4",
+            "data.batch_size=16", "optim.accumulation=2"]
+    here = tmp_path / "here"
+    run_training(pretrain_job, tiny_config(pretrain_world, arch, *sets, "run.data_workers=0"),
+                 here)
+    workers = tmp_path / "workers"
+    crash_after(monkeypatch, 6)
+    with pytest.raises(Killed):
+        run_training(pretrain_job, tiny_config(pretrain_world, arch, *sets, "run.data_workers=2"),
+                     workers)
+    monkeypatch.undo()
+    run_training(pretrain_job, tiny_config(pretrain_world, arch, *sets, "run.data_workers=3"),
+                 workers, resume=True)
+    expected, got = train_losses(here), train_losses(workers)
+    assert sorted(got) == list(range(1, 13))
+    assert got == expected
+    first = [r for r in read_metrics(workers) if "split" not in r][0]
+    assert 0 <= first["data_wait"] < 1

@@ -13,7 +13,7 @@ Rows are (Example, samples) with samples a tuple of one Sample (VQA, GQA) or two
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -139,10 +139,14 @@ class TaskStream:
     def steps_in_epoch(self, epoch: int) -> int:
         return len(self.examples) // (self.world * self.batch_size)
 
-    def batches(self, epoch: int, start_step: int = 0) -> Iterator[list[Row]]:
+    def batches(self, epoch: int, start_step: int = 0,
+                keep: Collection[int] | None = None) -> Iterator[list[Row]]:
+        """Steps start_step.. of `epoch` (only those in `keep`, when given: a data worker's)."""
         order = np.random.default_rng([self.seed, epoch]).permutation(len(self.examples))
         mine = order[self.rank :: self.world]
         for step in range(start_step, self.steps_in_epoch(epoch)):
+            if keep is not None and step not in keep:
+                continue
             chosen = mine[step * self.batch_size : (step + 1) * self.batch_size]
             yield [self._row(self.examples[i]) for i in chosen]
 

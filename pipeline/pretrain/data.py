@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -348,35 +348,50 @@ class PretrainStream:
         """Steps of epochs 0..epochs-1 together."""
         return sum(self.steps_in_epoch(e) for e in range(epochs))
 
-    def batches(self, epoch: int, start_step: int = 0) -> Iterator[list[Row]]:
+    def batches(self, epoch: int, start_step: int = 0,
+                keep: Collection[int] | None = None) -> Iterator[list[Row]]:
         """Batches of steps start_step..steps_in_epoch(epoch)-1 of this rank, each exactly
-        batch_size (Pair, Sample) rows; identical to those steps of an uninterrupted iteration."""
+        batch_size (Pair, Sample) rows; identical to those steps of an uninterrupted iteration.
+        keep: only the steps in it (a data worker's share); the others are neither yielded nor
+        decoded."""
         steps = self.steps_in_epoch(epoch)
         if not 0 <= start_step <= steps:
             raise ValueError(f"start_step {start_step} not in [0, {steps}] for epoch {epoch}")
         shards = split_by_node(self._assignment(epoch), self.rank, self.world_size)
         skip, end = start_step * self.batch_size, steps * self.batch_size
-        wanted = self._tail_keys(shards, epoch, skip, end).__contains__ if skip else _everything
-        return self._stream(shards, epoch, wanted, skip, end)
+        wanted = _everything
+        if skip or keep is not None:
+            wanted = self._tail_keys(shards, epoch, skip, end, keep).__contains__
+        return self._stream(shards, epoch, wanted, skip, end, start_step, keep)
 
     def _stream(
-        self, shards: list[_Shard], epoch: int, wanted: Callable[[str], bool], skip: int, end: int
+        self, shards: list[_Shard], epoch: int, wanted: Callable[[str], bool], skip: int, end: int,
+        start_step: int, keep: Collection[int] | None,
     ) -> Iterator[list[Row]]:
         groups = joined_members(shards, wanted)
         samples = decode_joined(groups, self.max_boxes)
         rows = expand_pairs(samples, self.pairs_by_image)
         rows = shuffle_buffer(rows, self.shuffle_buffer, self._row_rng(epoch))
-        return batched(islice(rows, skip, end), self.batch_size)
+        batches = batched(islice(rows, skip, end), self.batch_size)
+        if keep is None:
+            return batches
+        return (rows for step, rows in enumerate(batches, start_step) if step in keep)
 
     def _row_rng(self, epoch: int) -> random.Random:
         return random.Random(f"{self.seed}-{epoch}-{self.rank}")
 
-    def _tail_keys(self, shards: list[_Shard], epoch: int, skip: int, end: int) -> set[str]:
-        """Keys of the rows at positions skip..end-1 of the shuffled stream, found by running the
-        same buffer (same seed, same number of items) over keys instead of rows."""
+    def _tail_keys(self, shards: list[_Shard], epoch: int, skip: int, end: int,
+                   keep: Collection[int] | None) -> set[str]:
+        """Keys of the rows at positions skip..end-1 of the shuffled stream (of the steps in
+        `keep` only, when given), found by running the same buffer (same seed, same number of
+        items) over keys instead of rows."""
         keys = (key for s in shards for key in s.keys for _ in self.pairs_by_image[key])
-        return set(islice(shuffle_buffer(keys, self.shuffle_buffer, self._row_rng(epoch)),
-                          skip, end))
+        shuffled = islice(shuffle_buffer(keys, self.shuffle_buffer, self._row_rng(epoch)),
+                          skip, end)
+        if keep is None:
+            return set(shuffled)
+        return {key for position, key in enumerate(shuffled, skip)
+                if position // self.batch_size in keep}
 
 
 def _everything(key: str) -> bool:

@@ -20,17 +20,56 @@ from shards.schema import Sample
 @dataclass
 class TrainBatch:
     """inputs: keyword arguments of the pretraining model's forward; targets: the labels and
-    weights its losses and metrics need; size: rows (pairs) in the batch."""
+    weights its losses and metrics need; size: rows (pairs) in the batch. halved: the float32
+    tensors that travel as float16 (`for_transfer`), named "inputs.<key>" / "targets.<key>"."""
 
     inputs: dict[str, torch.Tensor]
     targets: dict[str, torch.Tensor]
     size: int
+    halved: frozenset[str] = frozenset()
 
-    def to(self, device: torch.device | str) -> TrainBatch:
-        def move(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
+    def _map(self, fn) -> TrainBatch:
+        def apply(part: str, d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {k: fn(f"{part}.{k}", v) if isinstance(v, torch.Tensor) else v
+                    for k, v in d.items()}
 
-        return TrainBatch(inputs=move(self.inputs), targets=move(self.targets), size=self.size)
+        return TrainBatch(inputs=apply("inputs", self.inputs),
+                          targets=apply("targets", self.targets), size=self.size,
+                          halved=self.halved)
+
+    def for_transfer(self) -> TrainBatch:
+        """The batch with every float32 tensor whose values are all float16 numbers held as
+        float16 (region features come from float16 shards: half the bytes to copy), checked
+        value by value, so `to` gives back exactly the same float32 tensors."""
+        halved = set()
+
+        def shrink(name: str, t: torch.Tensor) -> torch.Tensor:
+            if t.dtype != torch.float32 or t.numel() < 1024:
+                return t
+            half = t.half()
+            if not torch.equal(half.float(), t):
+                return t
+            halved.add(name)
+            return half
+
+        batch = self._map(shrink)
+        batch.halved = frozenset(halved)
+        return batch
+
+    def pin_memory(self) -> TrainBatch:
+        """Every tensor in page-locked memory (a DataLoader with pin_memory=True calls this)."""
+        return self._map(lambda name, t: t.pin_memory())
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TrainBatch:
+        """The batch on `device`, the halved tensors float32 again (cast there, after the copy)."""
+
+        def move(name: str, t: torch.Tensor) -> torch.Tensor:
+            t = t.to(device, non_blocking=non_blocking)
+            return t.float() if name in self.halved else t
+
+        batch = self._map(move)
+        batch.halved = frozenset()
+        return batch
 
 
 class Objective(Protocol):

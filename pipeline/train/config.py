@@ -38,6 +38,11 @@ class RunConfig:
     in this process, without Ray). device: auto = CUDA when there is one. bf16: autocast on CUDA.
     threads_per_worker: torch CPU threads of each worker (0: the cores divided by the workers).
     init_text: a BERT checkpoint directory whose weights start the text stream (empty: random).
+    data_workers: processes that build each worker's batches ahead of its steps (-1: auto, 4 on
+    a GPU, 0 on the CPU, where batches are built in the training process when needed).
+    shapes: "static" pads text to data.max_text_length and regions to data.max_boxes, so that
+    every step has the same shapes (compile, CUDA graphs); "dynamic" pads to the batch's longest;
+    "auto": static on a GPU. compile: torch.compile each repeated transformer layer.
     """
 
     epochs: int = 20
@@ -52,6 +57,9 @@ class RunConfig:
     bf16: bool = True
     threads_per_worker: int = 0
     init_text: str = ""
+    data_workers: int = -1
+    shapes: Literal["auto", "static", "dynamic"] = "auto"
+    compile: bool = False
 
 
 def check_schedule(batch_size: int, optim: OptimConfig, run: RunConfig) -> None:
@@ -67,6 +75,8 @@ def check_schedule(batch_size: int, optim: OptimConfig, run: RunConfig) -> None:
     check_positive(run, "run", "log_every", "checkpoint_every", "keep_checkpoints")
     check_positive(run, "run", "workers", "epochs", "max_steps", "val_every",
                    "threads_per_worker", allow_zero=True)
+    if run.data_workers < -1:
+        raise ConfigError(f"run.data_workers = {run.data_workers}: must be >= 0, or -1 (auto)")
     if batch_size < 1:
         raise ConfigError(f"data.batch_size = {batch_size}: must be positive")
     per_step = max(run.workers, 1) * optim.accumulation
@@ -89,3 +99,15 @@ def check_arch(arch: str) -> str:
 def micro_batch(batch_size: int, optim: OptimConfig, run: RunConfig) -> int:
     """Rows per worker per forward: the step's batch split over the workers and accumulation."""
     return batch_size // (max(run.workers, 1) * optim.accumulation)
+
+
+def data_workers(run: RunConfig, device) -> int:
+    """run.data_workers with auto (-1) resolved for `device` (a torch.device)."""
+    if run.data_workers >= 0:
+        return run.data_workers
+    return 4 if device.type == "cuda" else 0
+
+
+def static_shapes(run: RunConfig, device) -> bool:
+    """Whether batches are padded to the configured lengths (run.shapes, auto resolved)."""
+    return run.shapes == "static" or (run.shapes == "auto" and device.type == "cuda")

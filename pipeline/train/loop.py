@@ -29,7 +29,10 @@ from tqdm import tqdm
 from pipeline.common.config import ConfigError, to_dict
 from pipeline.common.ray_session import say
 from pipeline.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from pipeline.train.batch import TrainBatch
+from pipeline.train.config import data_workers
 from pipeline.train.errors import DivergenceError
+from pipeline.train.feed import BatchBuilder, Micro, feed, schedule
 from pipeline.train.job import Job
 from pipeline.train.logs import RunLog, truncate_metrics
 from pipeline.train.plot import plot_run
@@ -145,6 +148,7 @@ class Trainer:
         self.reducer = _Reducer(self.world, self.device)
         self.position = Position()
         self.log: RunLog | None = None
+        self.data_wait = 0.0  # seconds waited for batches since the last log
 
     # --- schedule -------------------------------------------------------------------------------
 
@@ -192,17 +196,18 @@ class Trainer:
 
     # --- steps ----------------------------------------------------------------------------------
 
-    def _micro_batches(self) -> Iterator[tuple[int, int, list]]:
-        """(epoch, micro index in epoch, rows) from the current position to the end of training."""
-        accumulation = self.config.optim.accumulation
-        epoch, micro = self.position.epoch, self.position.micro
-        while True:
-            usable = self._steps_in_epoch(epoch) * accumulation
-            for index, rows in enumerate(self.train_stream.batches(epoch, start_step=micro), micro):
-                if index >= usable:
-                    break
-                yield epoch, index, rows
-            epoch, micro = epoch + 1, 0
+    def _feed(self) -> Iterator[tuple[Micro, TrainBatch]]:
+        """The run's micro-batches from the current position to the last step (train.feed)."""
+        at, optim = self.position, self.config.optim
+
+        def micros() -> Iterator[Micro]:
+            return schedule(self.train_stream.steps_in_epoch, optim.accumulation, step=at.step,
+                            epoch=at.epoch, micro=at.micro, total_steps=self.total_steps)
+
+        builder = BatchBuilder(self.train_stream, self.objective, self.texts,
+                               seed=self.config.run.seed, rank=self.rank)
+        return feed(builder, micros, workers=data_workers(self.config.run, self.device),
+                    gpu=self.device.type == "cuda")
 
     def _wrap(self, batch) -> None:
         """DDP around the module. DDP must be told when some parameters get no gradient (a head
@@ -218,18 +223,14 @@ class Trainer:
             self.module, device_ids=ids, find_unused_parameters=unused
         )
 
-    def _batch(self, epoch: int, index: int, rows: list, *, val: bool = False,
-               whole: bool = False):
-        rng = np.random.default_rng([self.config.run.seed, epoch, index, self.rank, int(val)])
-        if val:  # validation scores every task the run trains, also those that start later
-            epoch = self.config.run.epochs - 1
-        texts = None
-        if self.texts is not None and not val:
-            texts = self.texts.texts(self.position.step * self.config.optim.accumulation + index)
+    def _val_batch(self, index: int, rows: list, *, whole: bool) -> TrainBatch:
+        # Validation scores every task the run trains, also those that start later.
+        rng = np.random.default_rng([self.config.run.seed, 0, index, self.rank, 1])
         items = [item for item, _ in rows]
         samples = [sample for _, sample in rows]
         extra = {"whole": True} if whole else {}  # fine-tuning objectives have nothing to mask
-        batch = self.objective.make_batch(items, samples, rng, epoch=epoch, texts=texts, **extra)
+        batch = self.objective.make_batch(items, samples, rng, epoch=self.config.run.epochs - 1,
+                                          **extra)
         return batch.to(self.device)
 
     def _forward(self, batch, seed: int, model: nn.Module | None = None):
@@ -260,13 +261,18 @@ class Trainer:
         diverged = _Divergence(self.device)
         self.model.train()
         last_val: dict[str, float] = {}
-        for epoch, index, rows in self._micro_batches():
-            if self.position.step >= self.total_steps:
+        batches = self._feed()
+        while True:
+            waited = time.perf_counter()
+            micro, batch = next(batches, (None, None))
+            if micro is None:
                 break
+            batch = batch.to(self.device, non_blocking=True)
+            self.data_wait += time.perf_counter() - waited
+            epoch, index = micro.epoch, micro.index
             if epoch != self.position.epoch:  # resumed exactly at an epoch's end
                 self.position = Position(self.position.step, epoch, 0)
                 steps_per_epoch = self._steps_in_epoch(epoch)
-            batch = self._batch(epoch, index, rows)
             if self.world > 1 and self.model is self.module:
                 self._wrap(batch)
             sync = (index + 1) % accumulation == 0
@@ -305,10 +311,11 @@ class Trainer:
             if log:
                 if self.device.type == "cuda":  # the rate counts finished steps only
                     torch.cuda.synchronize(self.device)
+                seconds = time.perf_counter() - window_start
                 record = self._train_record(step, epoch, lr, losses_sum, metrics_sum,
-                                            window_rows / (time.perf_counter() - window_start))
+                                            window_rows / seconds, self.data_wait / seconds)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=epoch, refresh=False)
-                window_start, window_rows = time.perf_counter(), 0
+                window_start, window_rows, self.data_wait = time.perf_counter(), 0, 0.0
             losses_sum, metrics_sum = {}, {}
             if self.position.micro >= steps_per_epoch * accumulation:  # the end of an epoch
                 self.position = Position(step, epoch + 1, 0)
@@ -325,10 +332,11 @@ class Trainer:
         self._save()  # last: for a run at a URL, its push also uploads the final records and plot
         return last_val
 
-    def _train_record(self, step, epoch, lr, losses_sum, metrics_sum, samples_per_s) -> dict:
+    def _train_record(self, step, epoch, lr, losses_sum, metrics_sum, samples_per_s,
+                      data_wait) -> dict:
         # Kept as tensors between logs: a float() per step would wait for the GPU every step.
         values = {k: float(v) for k, v in {**losses_sum, **metrics_sum}.items()}
-        summed = self.reducer.sum({**values, "_rate": samples_per_s})
+        summed = self.reducer.sum({**values, "_rate": samples_per_s, "_wait": data_wait})
         record: dict = {"step": step, "epoch": epoch}
         losses = {k: summed[k] / self.world for k in sorted(losses_sum)}
         record["loss"] = sum(losses.values())
@@ -336,6 +344,9 @@ class Trainer:
         record.update(_accuracies(summed))
         record["lr"] = lr
         record["samples_per_s"] = summed["_rate"]
+        # The share of the time the loop waited for its batches (and their copy to the device):
+        # near 0 when the data keeps up with the model.
+        record["data_wait"] = summed["_wait"] / self.world
         if self.log is not None:
             self.log.write(record)
         return record
@@ -371,7 +382,7 @@ class Trainer:
         for index, rows in enumerate(self.val_stream.batches()):
             if limit and index >= limit:
                 break
-            batch = self._batch(0, index, rows, val=True, whole=whole)
+            batch = self._val_batch(index, rows, whole=whole)
             losses, metrics = self._forward(
                 batch, _seed(self.config.run.seed, index, self.rank, 1), self.module
             )
