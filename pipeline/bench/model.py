@@ -69,7 +69,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens", type=int, default=20, help="text length (default: 20)")
     parser.add_argument("--regions", type=int, default=36, help="regions per image (default: 36)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round (default: 10)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per model (default: 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per model (default: 5)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument(
@@ -84,6 +84,16 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="torch.compile our model, or both models (default: none, both run eagerly)",
     )
     parser.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
+    parser.add_argument(
+        "--loop", action="store_true",
+        help="also time the pretraining loop as `pipeline pretrain` runs it (data from shards, "
+        "batch building, copy, objective, model, optimizer) against the same model and objective "
+        "on a resident batch (pipeline/bench/loop.py)",
+    )
+    parser.add_argument("--data-workers", type=int, default=-1,
+                        help="with --loop: run.data_workers (default -1: 4 on a GPU, 0 on a CPU)")
+    parser.add_argument("--shapes", choices=["auto", "static", "dynamic"], default="auto",
+                        help="with --loop: run.shapes (default auto: static on a GPU)")
     parser.add_argument("--json", metavar="OUT", help="also write the results to this JSON file")
 
 
@@ -191,15 +201,16 @@ def time_rounds(
     return timing
 
 
-def bench_model(s: BenchSettings) -> dict[str, Any]:
-    """Run the benchmark; the results as a JSON-ready dict (see format_report for the fields)."""
+def bench_model(s: BenchSettings, config: Any = None) -> dict[str, Any]:
+    """Run the benchmark; the results as a JSON-ready dict (see format_report for the fields).
+    config: the model's (default: the pair module's for s.size)."""
     import torch
 
     device = torch.device(s.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {s.device}: CUDA is not available")
     pair = importlib.import_module(BENCHED[s.arch])
-    config = pair.config_for(s.size)
+    config = config or pair.config_for(s.size)
     ours, hf = pair.build_models(config, seed=s.seed)
     batch = pair.make_batch(config, s.batch_size, s.tokens, s.regions, seed=s.seed + 1).to(device)
     models = {pair.OURS_NAME: (ours, pair.ours_loss), pair.HF_NAME: (hf, pair.hf_loss)}
@@ -316,11 +327,29 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     try:
-        report = bench_model(resolve(args, torch.cuda.is_available()))
+        settings = resolve(args, torch.cuda.is_available())
+        if not args.loop:
+            report = bench_model(settings)
+        else:
+            from pipeline.bench.loop import bench_loop, loop_model_config
+
+            # The loop's model: the size's, with the BERT vocabulary its tokenizer gives.
+            config = loop_model_config(importlib.import_module(BENCHED[settings.arch]),
+                                       settings.size)
+            report = bench_model(settings, config)
+            report["loop"] = bench_loop(settings, config, data_workers=args.data_workers,
+                                        shapes=args.shapes)
+            alone = report["loop"]["results"][1]["samples_per_s"]
+            report["loop"]["model_over_transformers"] = alone / report["results"][1][
+                "samples_per_s"]
     except ValueError as err:
         print(f"bench model: {err}", file=sys.stderr)
         return 2
     print(format_report(report))
+    if "loop" in report:
+        from pipeline.bench.loop import format_loop
+
+        print(format_loop(report["loop"]))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -40,6 +40,20 @@ from pipeline.train.remote import pull, push, working_copy
 from shards.storage import is_url
 
 
+@dataclass(frozen=True)
+class StepDone:
+    """An optimizer step just taken: its number, epoch and learning rate, the rows it trained on,
+    its losses and (correct, count) sums as device tensors, and whether it ended its epoch."""
+
+    step: int
+    epoch: int
+    lr: float
+    rows: int
+    losses: dict[str, torch.Tensor]
+    metrics: dict[str, torch.Tensor]
+    epoch_end: bool
+
+
 @dataclass
 class Position:
     """Where a run stands: optimizer `step` done, in `epoch`, `micro` micro-batches into it."""
@@ -149,6 +163,7 @@ class Trainer:
         self.position = Position()
         self.log: RunLog | None = None
         self.data_wait = 0.0  # seconds waited for batches since the last log
+        self.diverged = _Divergence(self.device)
 
     # --- schedule -------------------------------------------------------------------------------
 
@@ -243,30 +258,44 @@ class Trainer:
         with autocast:
             return self.objective.compute(model or self.model, batch)
 
-    def fit(self) -> dict[str, float]:
-        """Train from the current position to the last step; returns the final validation."""
-        config, run = self.config, self.config.run
-        accumulation = config.optim.accumulation
-        if self.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.log = RunLog(self.run_dir)
-        # Under Ray the bar reaches the terminal line by line: refresh it less often there.
-        bar = tqdm(total=self.total_steps, initial=self.position.step, disable=self.rank != 0,
-                   desc=self.job.name, unit="step", dynamic_ncols=True,
-                   mininterval=0.1 if sys.stderr.isatty() else 10.0)
+    def train_micro(self, batch: TrainBatch, seed: int, *, sync: bool = True):
+        """Forward and backward of one micro-batch on the device (the gradient scaled for the
+        accumulation; DDP reduces it when `sync`); returns the objective's (losses, metrics)."""
+        context = self.model.no_sync() if self.world > 1 and not sync else nullcontext()
+        with context:
+            losses, metrics = self._forward(batch, seed)
+            (sum(losses.values()) / self.config.optim.accumulation).backward()
+        return losses, metrics
+
+    def optimizer_step(self) -> float:
+        """Clip, step the optimizer and the schedule, clear the gradients; returns the learning
+        rate the step used."""
+        optim = self.config.optim
+        if optim.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.module.parameters(), optim.grad_clip)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return lr
+
+    def steps(self) -> Iterator[StepDone]:
+        """Train from the current position to the last optimizer step, yielding after each one
+        (with `position` moved past it). Reads nothing from the device: losses and metrics stay
+        tensors (`fit` reads them at log steps)."""
+        run = self.config.run
+        accumulation = self.config.optim.accumulation
         steps_per_epoch = self._steps_in_epoch(self.position.epoch)
-        window_start, window_rows = time.perf_counter(), 0
-        losses_sum: dict[str, torch.Tensor] = {}  # this step's, as tensors until logged
-        metrics_sum: dict[str, torch.Tensor | int] = {}
-        diverged = _Divergence(self.device)
+        losses_sum: dict[str, torch.Tensor] = {}
+        metrics_sum: dict[str, torch.Tensor] = {}
+        rows = 0
         self.model.train()
-        last_val: dict[str, float] = {}
         batches = self._feed()
         while True:
             waited = time.perf_counter()
             micro, batch = next(batches, (None, None))
             if micro is None:
-                break
+                return
             batch = batch.to(self.device, non_blocking=True)
             self.data_wait += time.perf_counter() - waited
             epoch, index = micro.epoch, micro.index
@@ -276,52 +305,58 @@ class Trainer:
             if self.world > 1 and self.model is self.module:
                 self._wrap(batch)
             sync = (index + 1) % accumulation == 0
-            context = self.model.no_sync() if self.world > 1 and not sync else nullcontext()
-            with context:
-                losses, metrics = self._forward(
-                    batch, _seed(run.seed, epoch, index, self.rank, 0)
-                )
-                total = sum(losses.values())
-                (total / accumulation).backward()
+            losses, metrics = self.train_micro(batch, _seed(run.seed, epoch, index, self.rank, 0),
+                                               sync=sync)
             for name, value in losses.items():
                 losses_sum[name] = losses_sum.get(name, 0.0) + value.detach() / accumulation
             for name, (correct, count) in metrics.items():
                 metrics_sum[f"{name}.c"] = metrics_sum.get(f"{name}.c", 0.0) + correct
                 metrics_sum[f"{name}.n"] = metrics_sum.get(f"{name}.n", 0.0) + count
-            window_rows += batch.size
+            rows += batch.size
             self.position.micro = index + 1
             if not sync:
                 continue
-            diverged.note(losses_sum, self.position.step + 1, epoch)
-            if config.optim.grad_clip > 0:
-                nn.utils.clip_grad_norm_(self.module.parameters(), config.optim.grad_clip)
-            lr = self.scheduler.get_last_lr()[0]
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.diverged.note(losses_sum, self.position.step + 1, epoch)
+            lr = self.optimizer_step()
             self.position.step += 1
-            step = self.position.step
+            epoch_end = self.position.micro >= steps_per_epoch * accumulation
+            if epoch_end:
+                self.position = Position(self.position.step, epoch + 1, 0)
+                steps_per_epoch = self._steps_in_epoch(epoch + 1)
+            yield StepDone(self.position.step, epoch, lr, rows, losses_sum, metrics_sum,
+                           epoch_end)
+            losses_sum, metrics_sum, rows = {}, {}, 0
+
+    def fit(self) -> dict[str, float]:
+        """Train from the current position to the last step, logging, validating and saving;
+        returns the final validation."""
+        run = self.config.run
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.log = RunLog(self.run_dir)
+        # Under Ray the bar reaches the terminal line by line: refresh it less often there.
+        bar = tqdm(total=self.total_steps, initial=self.position.step, disable=self.rank != 0,
+                   desc=self.job.name, unit="step", dynamic_ncols=True,
+                   mininterval=0.1 if sys.stderr.isatty() else 10.0)
+        window_start, window_rows = time.perf_counter(), 0
+        for done in self.steps():
+            step = done.step
+            window_rows += done.rows
             bar.update(1)
             log = step % run.log_every == 0 or step == self.total_steps
-            every = step % run.val_every == 0 if run.val_every else (
-                self.position.micro >= steps_per_epoch * accumulation
-            )
+            every = step % run.val_every == 0 if run.val_every else done.epoch_end
             if log or every or step % run.checkpoint_every == 0:
-                diverged.check(self.reducer, step)
+                self.diverged.check(self.reducer, step)
             if log:
                 if self.device.type == "cuda":  # the rate counts finished steps only
                     torch.cuda.synchronize(self.device)
                 seconds = time.perf_counter() - window_start
-                record = self._train_record(step, epoch, lr, losses_sum, metrics_sum,
+                record = self._train_record(step, done.epoch, done.lr, done.losses, done.metrics,
                                             window_rows / seconds, self.data_wait / seconds)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=epoch, refresh=False)
+                bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=done.epoch, refresh=False)
                 window_start, window_rows, self.data_wait = time.perf_counter(), 0, 0.0
-            losses_sum, metrics_sum = {}, {}
-            if self.position.micro >= steps_per_epoch * accumulation:  # the end of an epoch
-                self.position = Position(step, epoch + 1, 0)
-                steps_per_epoch = self._steps_in_epoch(epoch + 1)
             if every and step != self.total_steps:
-                last_val = self.validate()
+                self.validate()
             if step % run.checkpoint_every == 0 and step != self.total_steps:
                 self._save()
         bar.close()

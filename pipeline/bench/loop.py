@@ -1,0 +1,186 @@
+"""`pipeline bench model --loop`: the pretraining loop as `pipeline pretrain` runs it, against
+the same model and objective on a batch already on the device, in one run.
+
+The loop: a corpus and shards in the real formats (pipeline/bench/loop_data.py) joined by the
+pretraining stream, batches built by `run.data_workers` processes (or in the training process),
+copied to the device, LXMERT's objective, forward, backward, clipping, AdamW and the schedule:
+`Trainer.steps()` of pipeline/train/loop.py, nothing else. Model alone: `Trainer.train_micro`
+and `Trainer.optimizer_step` on one batch kept on the device, so the ratio loop / model alone is
+the share of the model's speed the data path leaves (1.0: data costs nothing).
+
+Per step: the training process's wall and CPU time, the time it waited for its batch (and the
+copy), kernel-launching ops and host syncs (pipeline/bench/dispatch.py; with batches built here
+the counts include the batch building's CPU tensor work), and FLOPs (torch.utils.flop_counter,
+forward and backward), whence MFU on a known GPU. Rounds alternate loop and model alone; samples/s
+is the median over rounds, with the spread (min, max).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipeline.bench.dispatch import count_dispatch
+from pipeline.bench.extract import peak_tflops
+from pipeline.bench.loop_data import BERT_VOCAB, write_world
+from pipeline.common.config import to_dict
+from pipeline.pretrain.config import DataConfig, PretrainConfig
+from pipeline.pretrain.job import pretrain_job
+from pipeline.pretrain.objectives.lxmert import LxmertObjectiveConfig
+from pipeline.train.config import OptimConfig, RunConfig, data_workers, static_shapes
+from pipeline.train.feed import BatchBuilder, Micro
+from pipeline.train.loop import Trainer
+
+PAIRS_PER_IMAGE = 7  # loop_data: five captions and two questions
+
+
+def loop_model_config(pair, size: str):
+    """The model config of `size` (the bench pair module's) with BERT's 30522 wordpieces: the
+    vocabulary `pipeline pretrain` derives from its tokenizer."""
+    return dataclasses.replace(pair.config_for(size), vocab_size=BERT_VOCAB)
+
+
+def loop_config(s, model_config, corpus: Path, shards: Path, tokenizer: Path | None, *,
+                data_workers: int, shapes: str) -> PretrainConfig:
+    """The pretraining config the loop runs: LXMERT's five tasks (QA from the start), the
+    benchmark's batch, regions and text length, no logging, checkpoint or validation."""
+    never = 10**9  # no log, checkpoint or validation step; 1000 epochs (of 8 steps) suffice
+    return PretrainConfig(
+        arch="lxmert", model=model_config, objective=LxmertObjectiveConfig(qa_from_epoch=0),
+        data=DataConfig(
+            corpus=str(corpus), shards=(str(shards),), train_splits=("train",),
+            val_split="minival", batch_size=s.batch_size, max_boxes=s.regions,
+            max_text_length=s.tokens, shuffle_buffer=4 * s.batch_size, val_batches=1,
+            tokenizer=str(tokenizer or ""),
+        ),
+        optim=OptimConfig(),
+        run=RunConfig(
+            epochs=1000, log_every=never, checkpoint_every=never, workers=0,
+            device=s.device.split(":")[0], bf16=s.dtype == "bf16", data_workers=data_workers,
+            shapes=shapes, compile=s.compile != "none",
+        ),
+    ).check()
+
+
+def _images(s) -> int:
+    """Enough images for eight steps an epoch and the held-out split."""
+    return max(64, 8 * s.batch_size // PAIRS_PER_IMAGE + 16)
+
+
+def bench_loop(s, model_config, *, data_workers: int, shapes: str) -> dict[str, Any]:
+    """Loop and model-alone rows (samples/s median and spread, ms and CPU ms per step, data wait,
+    ops and syncs per step, FLOPs per step, MFU), as a JSON-ready dict."""
+    device = torch.device(s.device)
+    with tempfile.TemporaryDirectory(prefix="bench_loop_") as tmp:
+        root = Path(tmp)
+        corpus, shards, tokenizer = write_world(
+            root, images=_images(s), regions=s.regions, feature_dim=model_config.visual_feat_dim,
+            answers=model_config.num_answers, objects=model_config.num_objects,
+            attributes=model_config.num_attributes, seed=s.seed,
+        )
+        config = loop_config(s, model_config, corpus, shards, tokenizer,
+                             data_workers=data_workers, shapes=shapes)
+        with contextlib.redirect_stdout(None):
+            job = pretrain_job(to_dict(config), 0, 1)
+        trainer = Trainer(job, root / "run")
+        return _measure(s, trainer, device)
+
+
+def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
+    cuda = device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    steps = trainer.steps()
+    builder = BatchBuilder(trainer.train_stream, trainer.objective, trainer.texts,
+                           seed=s.seed, rank=0)
+    rows = next(trainer.train_stream.batches(0))
+    resident = builder.build(Micro(0, 0, 0), rows).to(device)
+
+    def model_step() -> None:
+        trainer.train_micro(resident, s.seed)
+        trainer.optimizer_step()
+
+    runs = {"loop": lambda: next(steps), "model alone": model_step}
+    for run in runs.values():
+        for _ in range(s.warmup):
+            run()
+    timing = {name: {"wall": [], "cpu": [], "wait": []} for name in runs}
+    for r in range(s.rounds):
+        for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
+            sync()
+            trainer.data_wait = 0.0
+            start, start_cpu = time.perf_counter(), time.process_time()
+            for _ in range(s.steps):
+                runs[name]()
+            sync()
+            timing[name]["wall"].append(time.perf_counter() - start)
+            timing[name]["cpu"].append(time.process_time() - start_cpu)
+            timing[name]["wait"].append(trainer.data_wait)
+    counts = {name: count_dispatch(run)[1] for name, run in runs.items()}
+    with FlopCounterMode(display=False) as flops:
+        model_step()
+    peak = peak_tflops(torch.cuda.get_device_name(device), s.dtype) if cuda else None
+    rows_out = []
+    for name in runs:
+        t = timing[name]
+        rates = [s.batch_size * s.steps / w for w in t["wall"]]
+        rate = statistics.median(rates)
+        per_step = 1000 / (s.steps * s.rounds)
+        rows_out.append({
+            "run": name,
+            "samples_per_s": rate,
+            "spread": [min(rates), max(rates)],
+            "round_samples_per_s": rates,
+            "ms_per_step": sum(t["wall"]) * per_step,
+            "cpu_ms_per_step": sum(t["cpu"]) * per_step,
+            "data_wait_ms_per_step": sum(t["wait"]) * per_step,
+            "ops_per_step": counts[name].ops,
+            "syncs_per_step": counts[name].syncs,
+            "sync_ops": dict(counts[name].sync_ops),
+            "gflop_per_step": flops.get_total_flops() / 1e9,
+            "mfu": (flops.get_total_flops() * rate / s.batch_size / (peak * 1e12)
+                    if peak else None),
+        })
+    loop, alone = rows_out
+    return {
+        "settings": dataclasses.asdict(s),
+        "data_workers": data_workers(trainer.config.run, device),
+        "shapes": "static" if static_shapes(trainer.config.run, device) else "dynamic",
+        "results": rows_out,
+        "loop_over_model": loop["samples_per_s"] / alone["samples_per_s"],
+    }
+
+
+def format_loop(report: dict[str, Any]) -> str:
+    lines = [
+        f"pretraining loop (pipeline pretrain's Trainer.steps, data_workers "
+        f"{report['data_workers']}, shapes {report['shapes']}) against the same model and "
+        f"objective on one resident batch; median of {report['settings']['rounds']} rounds",
+        "| run | samples/s (min-max) | ms/step | CPU ms/step | data wait ms/step | ops/step | "
+        "syncs/step | GFLOP/step | MFU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in report["results"]:
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        lines.append(
+            f"| {r['run']} | {r['samples_per_s']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f}) "
+            f"| {r['ms_per_step']:.2f} | {r['cpu_ms_per_step']:.2f} | "
+            f"{r['data_wait_ms_per_step']:.2f} | {r['ops_per_step']} | {r['syncs_per_step']} | "
+            f"{r['gflop_per_step']:.1f} | {mfu} |"
+        )
+    line = f"loop / model alone: {report['loop_over_model']:.2f}"
+    if "model_over_transformers" in report:
+        line += f"; model alone / transformers: {report['model_over_transformers']:.2f}x"
+    lines.append(line)
+    return "\n".join(lines)
