@@ -6,7 +6,9 @@
 2. `pipeline bench extract` of the real R101 at 600/1000 (the caffe preset) with random weights
    whose scores are peaked like a trained detector's, batches 1, 8, 16, 32 in bf16 and fp32
    (`--compile`: one more row, bf16 at batch 32 with the RoI head compiled, run.compile);
-3. `python -m pipeline.bench.model`: our LXMERT training step against transformers'.
+3. `python -m pipeline.bench.model --loop`: our LXMERT training step against transformers', and
+   the whole pretraining loop (data, batch building, copy, objective, model, optimizer) against
+   the same model and objective on a resident batch (`--compile`: with run.compile).
 
 It writes `gpu_suite.md` (the tables, the command and the hardware) and `gpu_suite.json` (every
 number) into --out. It needs torch, torchvision and transformers only (no Ray: the extraction
@@ -24,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.bench import model
+from pipeline.bench import loop, model
 from pipeline.bench.extract import bench_extract, format_table, hardware
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,8 +63,10 @@ def extraction(quick: bool, device: str | None, compiled: bool = False) -> list[
     return rows
 
 
-def training(quick: bool, device: str | None, json_path: Path) -> dict:
-    argv = ["--arch", "lxmert", "--json", str(json_path)] + (["--device", device] if device else [])
+def training(quick: bool, device: str | None, json_path: Path, compiled: bool = False) -> dict:
+    argv = ["--arch", "lxmert", "--loop", "--json", str(json_path)]
+    argv += ["--device", device] if device else []
+    argv += ["--compile", "ours"] if compiled else []
     if quick:
         argv += ["--size", "tiny", "--batch-size", "4", "--steps", "1", "--rounds", "1",
                  "--warmup", "0"]
@@ -82,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda if available)")
     parser.add_argument("--quick", action="store_true", help="tiny settings (checks the suite)")
     parser.add_argument("--compile", action="store_true", help="one more extraction row with the "
-                        "RoI head compiled (run.compile; bf16, batch 32; a few minutes more)")
+                        "RoI head compiled (run.compile; bf16, batch 32; a few minutes more), and "
+                        "the training runs with our layers compiled")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
               "hardware": hardware(), "date": time.strftime("%Y-%m-%d", time.gmtime(started))}
     report["tests"] = gpu_tests(args.quick)
     report["extraction"] = extraction(args.quick, args.device, args.compile)
-    report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json")
+    report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json",
+                                  args.compile)
     report["seconds"] = time.time() - started
     (out / "gpu_suite.json").write_text(json.dumps(report, indent=1) + "\n")
     tests = report["tests"]
@@ -102,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         "GPU tests: " + (tests["summary"] if tests["ran"] else f"not run ({tests['why']})"), "",
         "## Extraction: real R101 at 600/1000, random weights with peaked scores", "",
         format_table(report["extraction"]), "",
-        "## Training step: our LXMERT against transformers'", "",
+        "## Training: our LXMERT against transformers', and the pretraining loop", "",
         model.format_report(report["training"]), "",
+        loop.format_loop(report["training"]["loop"]), "",
     ]
     (out / "gpu_suite.md").write_text("\n".join(lines))
     print("\n".join(lines))
