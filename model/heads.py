@@ -8,9 +8,10 @@ official LXMERT code.
 
 Losses are free functions returning one scalar each; a `weight` over regions (B, R) is zero for
 regions that do not count (not masked, padding), and `reduction` chooses between the weighted mean
-(sum(w * l) / sum(w)) and the official LXMERT mean over every region (mean(w * l)), which LXMERT
-then scales by 1 / 0.15 (REFERENCE §3). How targets are made (masking, sampling) lives with the
-pretraining objectives, not here.
+(sum(w * l) / sum(w)), the official LXMERT mean over every region (mean(w * l)), which LXMERT
+then scales by 1 / 0.15 (REFERENCE §3), and the sum (sum(w * l)), for a caller that divides by a
+count of its own (the official mean of a batch padded beyond its regions). How targets are made
+(masking, sampling) lives with the pretraining objectives, not here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Reduction = Literal["weighted_mean", "mean"]
+Reduction = Literal["weighted_mean", "mean", "sum"]
 IGNORE_INDEX = -100
 
 
@@ -95,14 +96,13 @@ class MaskedLMHead(nn.Module):
         self.decoder.weight = word_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
-    def forward(
-        self, text_hidden: torch.Tensor, positions: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """positions: optional (B, T) bool. Given, only those tokens are scored: (M, V) logits
-        in row-major order of the True entries (labels[positions] line up with them). The vocabulary
-        projection is most of a small model's pretraining cost, and only masked tokens need it."""
-        if positions is not None:
-            text_hidden = text_hidden[positions]  # (M, H)
+    def forward(self, text_hidden: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """index: optional (K,) long, positions in the B * T tokens flattened row-major (b * T + t).
+        Given, only those tokens are scored: (K, V) logits, row k for token index[k]. The vocabulary
+        projection is most of a small model's pretraining cost, and only masked tokens need it; an
+        index's size is its shape, so the gather needs no host sync (a boolean mask would)."""
+        if index is not None:
+            text_hidden = text_hidden.reshape(-1, text_hidden.shape[-1]).index_select(0, index)
         return self.decoder(self.transform(text_hidden)) + self.bias
 
 
@@ -279,6 +279,8 @@ def _reduce(per_region: torch.Tensor, weight: torch.Tensor | None, reduction: Re
     weighted = per_region * weight.to(per_region.dtype)
     if reduction == "mean":
         return weighted.mean()
+    if reduction == "sum":
+        return weighted.sum()
     if reduction == "weighted_mean":
         # No counted region gives 0, not 0 / 0: a batch can have nothing masked.
         return weighted.sum() / weight.to(per_region.dtype).sum().clamp_min(1e-12)

@@ -101,7 +101,7 @@ class LxmertAttention(nn.Module):
 
     x (B, Lq, H) attends to context (B, Lk, H) under keep (B, Lk) bool, true = a real key, or None;
     returns the new x (B, Lq, H) and, when asked, the attention probabilities (B, heads, Lq, Lk)
-    (model/attention.py: a query with no real key attends uniformly).
+    (model/attention.py: a query with no real key gets zeros).
     """
 
     def __init__(self, config: LxmertConfig):
@@ -358,8 +358,8 @@ class LxmertModel(nn.Module):
 class LxmertPreTrainingOutput:
     """LxmertOutput's fields and every pretraining head's scores.
 
-    lang_prediction_logits (B, T, vocab_size), or (M, vocab_size) for the M True entries of the
-    forward's `mlm_positions` in row-major order when it is given; cross_relationship_score (B, 2),
+    lang_prediction_logits (B, T, vocab_size), or (K, vocab_size) for the K tokens of the
+    forward's `mlm_index` when it is given; cross_relationship_score (B, 2),
     [mismatched, matched]; obj_logits (B, R, num_objects), attr_logits (B, R, num_attributes),
     feat_prediction (B, R, visual_feat_dim); question_answering_score (B, num_answers). A head the
     config leaves out gives None.
@@ -422,11 +422,11 @@ class LxmertForPreTraining(nn.Module):
         boxes: torch.Tensor,
         region_mask: torch.Tensor | None = None,
         output_attentions: bool = False,
-        mlm_positions: torch.Tensor | None = None,
+        mlm_index: torch.Tensor | None = None,
     ) -> LxmertPreTrainingOutput:
-        """Inputs as LxmertModel.forward. mlm_positions: optional (B, T) bool, the tokens the
-        masked-LM head scores (only masked ones need it: the vocabulary projection dominates a
-        small model's step); None scores every token."""
+        """Inputs as LxmertModel.forward. mlm_index: optional (K,) long, the tokens the masked-LM
+        head scores, as positions b * T + t (MaskedLMHead; only masked ones need it: the vocabulary
+        projection dominates a small model's step); None scores every token."""
         out = self.lxmert(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -442,7 +442,7 @@ class LxmertForPreTraining(nn.Module):
             text_hidden=out.text_hidden,
             visual_hidden=out.visual_hidden,
             pooled=out.pooled,
-            lang_prediction_logits=self.mlm_head(out.text_hidden, positions=mlm_positions),
+            lang_prediction_logits=self.mlm_head(out.text_hidden, mlm_index),
             cross_relationship_score=self.match_head(out.pooled),
             obj_logits=obj.obj_logits if obj else None,
             attr_logits=obj.attr_logits if obj else None,

@@ -104,13 +104,14 @@ class PairModel(TaskModel):
         self,
         *,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None = None,
         features: torch.Tensor,
         boxes: torch.Tensor,
-        region_mask: torch.Tensor,
+        region_mask: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Text (B, T); features (B, 2, N, D), boxes (B, 2, N, 4), region_mask (B, 2, N)."""
+        """Text (B, T); features (B, 2, N, D), boxes (B, 2, N, 4), region_mask (B, 2, N); a mask
+        None: nothing is padding."""
         if features.shape[1] != 2:
             raise ValueError(f"PairModel needs two images per example, got {features.shape[1]}")
         B = input_ids.shape[0]
@@ -124,7 +125,7 @@ class PairModel(TaskModel):
             token_type_ids=twice(token_type_ids),
             features=features.flatten(0, 1),
             boxes=boxes.flatten(0, 1),
-            region_mask=region_mask.flatten(0, 1),
+            region_mask=None if region_mask is None else region_mask.flatten(0, 1),
         )  # (2B, P)
         joint = joint.view(B, 2, -1)
         return self.head(joint[:, 0], joint[:, 1])

@@ -8,7 +8,7 @@
   encoding corresponding to the entire image"): its feature is the mean of the real regions'
   features (or the `image_feature` argument) and its location [0, 0, 1, 1, 1]. So the visual
   stream has N + 1 positions: `visual_hidden` is (B, N + 1, Hv) with the global region at index 0,
-  and `visual_mask` (B, N + 1) is `region_mask` with a leading 1.
+  and `visual_mask` (B, N + 1) is `region_mask` with a leading 1 (None when it is None).
 - Co-attention layer (Co-TRM, paper Fig. 2b): each stream computes queries, keys and values from
   its own states; text queries attend over the visual keys/values and visual queries over the
   text keys/values (in bi_hidden_size with bi_num_heads heads); each stream then projects back to
@@ -124,7 +124,7 @@ class VilBertAttentions:
 class VilBertOutput:
     text_hidden: torch.Tensor  # (B, T, H)
     visual_hidden: torch.Tensor  # (B, N + 1, Hv): index 0 is the global image region
-    visual_mask: torch.Tensor  # (B, N + 1) bool: region_mask with a leading True
+    visual_mask: torch.Tensor | None  # (B, N + 1) bool: region_mask with a leading True; or None
     pooled: torch.Tensor  # (B, bi_hidden): h_CLS
     pooled_visual: torch.Tensor  # (B, bi_hidden): h_IMG
     attentions: VilBertAttentions | None = None
@@ -154,9 +154,9 @@ class VilBertLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, need_weights: bool = False
+        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, L, W), mask (B, L) bool -> (B, L, W), weights (B, heads, L, L) or None."""
+        """x (B, L, W), mask (B, L) bool or None -> (B, L, W), weights (B, heads, L, L) or None."""
         a = self.attn
         context, weights = attend(
             a.query(x), a.key(x), a.value(x), mask, num_heads=self.num_heads,
@@ -200,10 +200,11 @@ class VilBertCoAttentionLayer(nn.Module):
             cfg.visual_hidden_size, cfg.visual_intermediate_size, cfg)
 
     def forward(
-        self, t: torch.Tensor, t_mask: torch.Tensor, v: torch.Tensor, v_mask: torch.Tensor,
-        need_weights: bool = False,
+        self, t: torch.Tensor, t_mask: torch.Tensor | None, v: torch.Tensor,
+        v_mask: torch.Tensor | None, need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """t (B, T, H), v (B, M, Hv), masks bool -> new t, new v, weights t->v, v->t (or None)."""
+        """t (B, T, H), v (B, M, Hv), masks bool or None -> new t, new v, weights t->v, v->t (or
+        None)."""
         dropout = self.attention_dropout if self.training else 0.0
         # both directions read the states from before this layer (the official BertBiAttention)
         t_ctx, t_weights = attend(
@@ -244,29 +245,36 @@ class VilBertVisualEmbeddings(nn.Module):
 
 
 def with_global_region(
-    features: torch.Tensor, boxes: torch.Tensor, region_mask: torch.Tensor,
+    features: torch.Tensor, boxes: torch.Tensor, region_mask: torch.Tensor | None,
     image_feature: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Prepend the whole-image region and build 5-d locations.
 
-    features (B, N, D), boxes (B, N, 4) normalised x1 y1 x2 y2, region_mask (B, N) bool,
-    image_feature (B, D) or None (then the mean of the real regions' features) ->
-    features (B, N + 1, D), locations (B, N + 1, 5) = x1 y1 x2 y2 area, mask (B, N + 1) bool.
-    Padded slots are zeroed, so whatever they held (even NaN) cannot reach real outputs.
+    features (B, N, D), boxes (B, N, 4) normalised x1 y1 x2 y2, region_mask (B, N) bool or None
+    (no padding), image_feature (B, D) or None (then the mean of the real regions' features) ->
+    features (B, N + 1, D), locations (B, N + 1, 5) = x1 y1 x2 y2 area, mask (B, N + 1) bool or
+    None. Padded slots are zeroed, so whatever they held (even NaN) cannot reach real outputs.
     """
-    B = features.shape[0]
-    features = torch.where(region_mask[..., None], features, 0)
-    boxes = torch.where(region_mask[..., None], boxes, 0)
+    B, N = features.shape[:2]
+    if region_mask is not None:
+        features = torch.where(region_mask[..., None], features, 0)
+        boxes = torch.where(region_mask[..., None], boxes, 0)
     if image_feature is None:
-        count = region_mask.sum(1, keepdim=True).clamp(min=1).to(features.dtype)
-        image_feature = features.sum(1) / count
+        if region_mask is None:
+            image_feature = features.sum(1) / max(N, 1)
+        else:
+            count = region_mask.sum(1, keepdim=True).clamp(min=1).to(features.dtype)
+            image_feature = features.sum(1) / count
     area = (boxes[..., 2] - boxes[..., 0]) * (boxes[..., 3] - boxes[..., 1])
     locations = torch.cat([boxes, area[..., None]], -1)  # (B, N, 5)
-    whole = locations.new_tensor([0.0, 0.0, 1.0, 1.0, 1.0]).expand(B, 1, 5)
+    # [0, 0, 1, 1, 1] made on the device: a tensor from a Python list would be a blocking copy
+    whole = locations.new_ones(B, 1, 5)
+    whole[..., :2] = 0
+    mask = None if region_mask is None else torch.cat([region_mask.new_ones(B, 1), region_mask], 1)
     return (
         torch.cat([image_feature[:, None].to(features.dtype), features], 1),
         torch.cat([whole, locations], 1),
-        torch.cat([region_mask.new_ones(B, 1), region_mask], 1),
+        mask,
     )
 
 
@@ -301,11 +309,11 @@ class VilBertModel(nn.Module):
         self,
         *,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None,
         features: torch.Tensor,
         boxes: torch.Tensor,
-        region_mask: torch.Tensor,
+        region_mask: torch.Tensor | None,
         image_feature: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VilBertOutput:
@@ -313,15 +321,16 @@ class VilBertModel(nn.Module):
 
         input_ids (B, T) long, attention_mask (B, T) {0, 1}, token_type_ids (B, T) or None,
         features (B, N, D) float, boxes (B, N, 4) x1 y1 x2 y2 normalised to [0, 1], region_mask
-        (B, N) {0, 1}; image_feature (B, D) overrides the global region's feature (default: the
+        (B, N) {0, 1}; a mask None: no token / region is padding, and that stream's attention
+        runs unmasked; image_feature (B, D) overrides the global region's feature (default: the
         mean of the real regions). Visual outputs have N + 1 positions (global region first).
         """
         c = self.config
-        t_mask = attention_mask.bool()
+        t_mask = attention_mask.bool() if attention_mask is not None else None
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         feats, locations, v_mask = with_global_region(
-            features, boxes, region_mask.bool(), image_feature)
+            features, boxes, region_mask.bool() if region_mask is not None else None, image_feature)
         t = self.text_embeddings(input_ids, token_type_ids)  # (B, T, H)
         v = self.visual_embeddings(feats, locations.to(feats.dtype))  # (B, N + 1, Hv)
 

@@ -38,16 +38,16 @@ from model.vilbert import VilBertAttentions, VilBertConfig, VilBertModel
 class VilBertPreTrainingOutput:
     """VilBertOutput's fields and the heads' scores.
 
-    lang_prediction_logits (B, T, V), or (M, V) when forward was given mlm_positions: one row per
-    True entry of mlm_positions (B, T), in row-major order, so labels[mlm_positions] line up with
-    them; region_class_logits (B, N, C) for the input regions (the global image region
-    excluded); cross_relationship_score (B, 2): the alignment prediction (named as LXMERT's
-    matching score, the same question).
+    lang_prediction_logits (B, T, V), or (K, V) when forward was given mlm_index: row k for the
+    token at position mlm_index[k] of the B * T flattened row-major; region_class_logits
+    (B, N, C) for the input regions (the global image region excluded);
+    cross_relationship_score (B, 2): the alignment prediction (named as LXMERT's matching score,
+    the same question).
     """
 
     text_hidden: torch.Tensor  # (B, T, H)
     visual_hidden: torch.Tensor  # (B, N + 1, Hv): index 0 is the global image region
-    visual_mask: torch.Tensor  # (B, N + 1) bool
+    visual_mask: torch.Tensor | None  # (B, N + 1) bool; None: no region is padding
     pooled: torch.Tensor  # (B, bi_hidden): h_CLS
     pooled_visual: torch.Tensor  # (B, bi_hidden): h_IMG
     lang_prediction_logits: torch.Tensor
@@ -82,20 +82,20 @@ class VilBertForPreTraining(nn.Module):
         self,
         *,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None,
         features: torch.Tensor,
         boxes: torch.Tensor,
-        region_mask: torch.Tensor,
+        region_mask: torch.Tensor | None,
         image_feature: torch.Tensor | None = None,
-        mlm_positions: torch.Tensor | None = None,
+        mlm_index: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VilBertPreTrainingOutput:
         """Inputs as VilBertModel.forward.
 
-        mlm_positions: optional (B, T) bool, the tokens to score with the vocabulary (the masked
-        ones): lang_prediction_logits is then (M, V) for its M True entries instead of (B, T, V).
-        The vocabulary projection is most of a small model's step; None scores every token.
+        mlm_index: optional (K,) long, the tokens to score with the vocabulary (the masked ones),
+        as positions b * T + t: lang_prediction_logits is then (K, V) instead of (B, T, V). The
+        vocabulary projection is most of a small model's step; None scores every token.
         """
         out = self.vilbert(
             input_ids=input_ids,
@@ -114,8 +114,8 @@ class VilBertForPreTraining(nn.Module):
             visual_mask=out.visual_mask,
             pooled=out.pooled,
             pooled_visual=out.pooled_visual,
-            lang_prediction_logits=self.mlm_head(  # (B, T, V) or (M, V)
-                out.text_hidden, positions=mlm_positions),
+            lang_prediction_logits=self.mlm_head(  # (B, T, V) or (K, V)
+                out.text_hidden, mlm_index),
             region_class_logits=self.region_head(out.visual_hidden[:, 1:]),  # (B, N, C)
             cross_relationship_score=self.align_head(aligned),  # (B, 2)
             attentions=out.attentions,

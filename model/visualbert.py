@@ -167,7 +167,7 @@ class VisualBertAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (B, L, H)
-        keep: torch.Tensor,  # (B, L) bool, True = a real key
+        keep: torch.Tensor | None,  # (B, L) bool, True = a real key; None: all real
         output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, L, H), (B, heads, L, L) or None
         ctx, probs = attend(
@@ -196,7 +196,7 @@ class VisualBertLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, keep: torch.Tensor, output_attentions: bool
+        self, x: torch.Tensor, keep: torch.Tensor | None, output_attentions: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a, probs = self.attention(x, keep, output_attentions)
         x = self.attention_norm(x + self.dropout(a))
@@ -239,23 +239,25 @@ class VisualBertModel(nn.Module):
         self,
         *,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None,
         features: torch.Tensor,
         boxes: torch.Tensor | None,
-        region_mask: torch.Tensor,
+        region_mask: torch.Tensor | None,
         visual_token_type_ids: torch.Tensor | None = None,
         region_word_alignment: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VisualBertOutput:
         """Encode a batch of (text, regions) pairs.
 
-        input_ids (B, T) long; attention_mask (B, T) {0, 1}; token_type_ids (B, T) long, or None
-        for all 0; features (B, N, D) float; boxes (B, N, 4): unused, VisualBERT has no geometry;
-        region_mask (B, N) {0, 1}, 1 = real region; visual_token_type_ids (B, N) long, or None for
-        all 1 (NLVR2 gives each image its own segment); region_word_alignment (B, N, A) long:
-        indices of the text positions aligned to each region, -1 padded, required exactly when
-        `config.word_aligned_regions`; output_attentions: also return per-layer attention maps.
+        input_ids (B, T) long; attention_mask (B, T) {0, 1}, or None: no token is padding;
+        token_type_ids (B, T) long, or None for all 0; features (B, N, D) float; boxes (B, N, 4):
+        unused, VisualBERT has no geometry; region_mask (B, N) {0, 1}, 1 = real region, or None: no
+        region is padding (with attention_mask None too, attention runs unmasked);
+        visual_token_type_ids (B, N) long, or None for all 1 (NLVR2 gives each image its own
+        segment); region_word_alignment (B, N, A) long: indices of the text positions aligned to
+        each region, -1 padded, required exactly when `config.word_aligned_regions`;
+        output_attentions: also return per-layer attention maps.
         """
         del boxes  # geometry is not part of VisualBERT
         B, T = input_ids.shape
@@ -282,7 +284,12 @@ class VisualBertModel(nn.Module):
         )  # (B, T + N, H)
         # Keys only are masked: a padded query still gets a (discarded) state, a real one never
         # sees padding, which is what makes outputs at real positions padding-invariant.
-        keep = torch.cat([attention_mask, region_mask], dim=1).bool()  # (B, T + N)
+        keep = None  # (B, T + N) bool
+        if attention_mask is not None or region_mask is not None:
+            keep = torch.cat([
+                m.bool() if m is not None else input_ids.new_ones((B, n), dtype=torch.bool)
+                for m, n in ((attention_mask, T), (region_mask, N))
+            ], dim=1)
 
         maps = []
         for layer in self.layers:

@@ -31,8 +31,8 @@ from model.visualbert import VisualBertConfig, VisualBertModel
 class VisualBertPreTrainingOutput:
     """VisualBertOutput's fields and the heads' scores.
 
-    lang_prediction_logits (B, T, V), or (M, V) for the M True entries of the forward's
-    `mlm_positions` in row-major order when it is given; cross_relationship_score (B, 2),
+    lang_prediction_logits (B, T, V), or (K, V) for the K tokens of the forward's `mlm_index`
+    when it is given; cross_relationship_score (B, 2),
     [not matched, matched]: the sentence-image prediction (named as LXMERT's matching score, the
     same question).
     """
@@ -65,19 +65,19 @@ class VisualBertForPreTraining(nn.Module):
         self,
         *,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None,
         features: torch.Tensor,
         boxes: torch.Tensor | None,
-        region_mask: torch.Tensor,
+        region_mask: torch.Tensor | None,
         visual_token_type_ids: torch.Tensor | None = None,
         region_word_alignment: torch.Tensor | None = None,
         output_attentions: bool = False,
-        mlm_positions: torch.Tensor | None = None,
+        mlm_index: torch.Tensor | None = None,
     ) -> VisualBertPreTrainingOutput:
-        """Inputs as VisualBertModel.forward. mlm_positions: optional (B, T) bool, the tokens the
-        masked-LM head scores (only masked ones need it: the vocabulary projection dominates a
-        small model's step); None scores every token."""
+        """Inputs as VisualBertModel.forward. mlm_index: optional (K,) long, the tokens the
+        masked-LM head scores, as positions b * T + t (MaskedLMHead; only masked ones need it: the
+        vocabulary projection dominates a small model's step); None scores every token."""
         out = self.visualbert(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -93,8 +93,8 @@ class VisualBertForPreTraining(nn.Module):
             text_hidden=out.text_hidden,
             visual_hidden=out.visual_hidden,
             pooled=out.pooled,
-            # (B, T, V), or (M, V) at mlm_positions
-            lang_prediction_logits=self.mlm_head(out.text_hidden, positions=mlm_positions),
+            # (B, T, V), or (K, V) at mlm_index
+            lang_prediction_logits=self.mlm_head(out.text_hidden, mlm_index),
             cross_relationship_score=self.match_head(out.pooled),  # (B, 2)
             attentions=out.attentions,
         )

@@ -133,8 +133,11 @@ def box_geometry_embedding(
     return torch.cat([angles.sin(), angles.cos()], -1).flatten(-2)  # (..., 4 * 2n)
 
 
-def masked_mean(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean over the regions where mask is true: (B, N, D), (B, N) bool -> (B, D); zeros if none."""
+def masked_mean(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the regions where mask is true (None: every region): (B, N, D), (B, N) bool ->
+    (B, D); zeros if none."""
+    if mask is None:
+        return features.sum(1) / max(features.shape[1], 1)
     total = torch.where(mask[..., None], features, 0).sum(1)
     return total / mask.sum(1, keepdim=True).clamp(min=1).to(features.dtype)
 
@@ -150,9 +153,10 @@ class VlBertSelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(
-        self, x: torch.Tensor, key_mask: torch.Tensor, need_weights: bool
+        self, x: torch.Tensor, key_mask: torch.Tensor | None, need_weights: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, S, H), key_mask (B, S) bool -> (B, S, H), weights (B, heads, S, S) | None."""
+        """x (B, S, H), key_mask (B, S) bool or None (no padding) -> (B, S, H), weights
+        (B, heads, S, S) | None."""
         context, weights = attend(
             self.query(x), self.key(x), self.value(x), key_mask, num_heads=self.num_heads,
             dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights)
@@ -172,7 +176,7 @@ class VlBertLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, key_mask: torch.Tensor, need_weights: bool = False
+        self, x: torch.Tensor, key_mask: torch.Tensor | None, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         attended, weights = self.attn(x, key_mask, need_weights)
         x = self.attn_norm(x + self.dropout(attended))
@@ -204,24 +208,29 @@ class VlBertEmbeddings(nn.Module):
         return self.visual(torch.cat([appearance, geometry.to(appearance.dtype)], -1))
 
     def forward(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor, text_mask: torch.Tensor,
-        features: torch.Tensor, boxes: torch.Tensor, region_mask: torch.Tensor,
-        image_feature: torch.Tensor | None, masked_regions: torch.Tensor | None,
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+        text_mask: torch.Tensor | None, features: torch.Tensor, boxes: torch.Tensor,
+        region_mask: torch.Tensor | None, image_feature: torch.Tensor | None,
+        masked_regions: torch.Tensor | None,
     ) -> torch.Tensor:
+        """Masks bool, None where nothing is padding."""
         c = self.cfg
         B, T = input_ids.shape
         N = features.shape[1]
-        # padded slots may hold anything (even NaN); zero them so they cannot leak through 0 * NaN
-        features = torch.where(region_mask[..., None], features, 0)
-        boxes = torch.where(region_mask[..., None], boxes, 0)
         visible = region_mask
+        if region_mask is not None:
+            # padded slots may hold anything (even NaN); zeroed, they cannot leak through 0 * NaN
+            features = torch.where(region_mask[..., None], features, 0)
+            boxes = torch.where(region_mask[..., None], boxes, 0)
         if masked_regions is not None:
             masked = self.masked_feature.to(features.dtype)
             features = torch.where(masked_regions[..., None], masked, features)
-            visible = region_mask & ~masked_regions
+            visible = ~masked_regions if region_mask is None else region_mask & ~masked_regions
         if image_feature is None:
             image_feature = masked_mean(features, visible)  # (B, D)
-        whole_box = boxes.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(B, 1, 4)
+        # [0, 0, 1, 1] made on the device: a tensor from a Python list would be a blocking copy
+        whole_box = boxes.new_ones(B, 1, 4)
+        whole_box[..., :2] = 0
         image_feature = image_feature[:, None].to(features.dtype)  # (B, 1, D)
         image_visual = self.visual_feature_embedding(image_feature, whole_box)  # (B, 1, H)
         region_visual = self.visual_feature_embedding(features, boxes)  # (B, N, H)
@@ -234,8 +243,11 @@ class VlBertEmbeddings(nn.Module):
         region_segments = input_ids.new_full((B, N + 1), c.region_segment_id)
         segments = torch.cat([token_type_ids, region_segments], 1)
         # one past the last real text token: the slot after [SEP], whatever padding follows
-        counts = torch.arange(1, T + 1, device=input_ids.device)
-        text_end = (counts * text_mask).amax(1, keepdim=True)  # (B, 1)
+        if text_mask is None:
+            text_end = input_ids.new_full((B, 1), T)
+        else:
+            counts = torch.arange(1, T + 1, device=input_ids.device)
+            text_end = (counts * text_mask).amax(1, keepdim=True)  # (B, 1)
         positions = torch.cat([
             torch.arange(T, device=input_ids.device).expand(B, T),
             text_end.expand(B, N),
@@ -269,11 +281,11 @@ class VlBertModel(nn.Module):
         self,
         *,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None,
         features: torch.Tensor,
         boxes: torch.Tensor,
-        region_mask: torch.Tensor,
+        region_mask: torch.Tensor | None,
         image_feature: torch.Tensor | None = None,
         masked_regions: torch.Tensor | None = None,
         output_attentions: bool = False,
@@ -282,7 +294,8 @@ class VlBertModel(nn.Module):
 
         input_ids (B, T) long `[CLS] ... [SEP]` (padding after), attention_mask (B, T) {0, 1},
         token_type_ids (B, T) 0 = A / 1 = B or None (all A), features (B, N, D) float, boxes
-        (B, N, 4) x1 y1 x2 y2 normalised to [0, 1], region_mask (B, N) {0, 1};
+        (B, N, 4) x1 y1 x2 y2 normalised to [0, 1], region_mask (B, N) {0, 1}; a mask None: no
+        token / region is padding (both None: attention runs unmasked);
         image_feature (B, D): the whole-image appearance for the non-visual elements (default:
         mean of the real, unmasked regions); masked_regions (B, N) bool: regions whose appearance
         is replaced by the learned masked feature (masked RoI classification).
@@ -292,8 +305,8 @@ class VlBertModel(nn.Module):
         if T + 2 > self.config.max_position_embeddings:
             raise ValueError(f"{T} text tokens + regions + [END] need {T + 2} positions; "
                              f"max_position_embeddings is {self.config.max_position_embeddings}")
-        text_mask = attention_mask.bool()
-        region_mask = region_mask.bool()
+        text_mask = attention_mask.bool() if attention_mask is not None else None
+        region_mask = region_mask.bool() if region_mask is not None else None
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if masked_regions is not None:
@@ -301,7 +314,12 @@ class VlBertModel(nn.Module):
 
         x = self.embeddings(input_ids, token_type_ids, text_mask, features, boxes, region_mask,
                             image_feature, masked_regions)  # (B, S, H)
-        key_mask = torch.cat([text_mask, region_mask, text_mask.new_ones(B, 1)], 1)  # (B, S)
+        key_mask = None  # (B, S) bool
+        if text_mask is not None or region_mask is not None:
+            key_mask = torch.cat([
+                m if m is not None else input_ids.new_ones((B, n), dtype=torch.bool)
+                for m, n in ((text_mask, T), (region_mask, N), (None, 1))
+            ], 1)
         attentions = []
         for layer in self.layers:
             x, weights = layer(x, key_mask, output_attentions)

@@ -35,9 +35,9 @@ from model.vlbert import VlBertConfig, VlBertModel
 class VlBertPreTrainingOutput:
     """VlBertOutput's fields and the heads' scores.
 
-    lang_prediction_logits (B, T, V), or (M, V) when forward was given mlm_positions: one row per
-    True entry of mlm_positions (B, T), in row-major order, so labels[mlm_positions] line up with
-    them; region_class_logits (B, N, C) at every region position (the loss keeps the masked ones).
+    lang_prediction_logits (B, T, V), or (K, V) when forward was given mlm_index: row k for the
+    token at position mlm_index[k] of the B * T flattened row-major; region_class_logits
+    (B, N, C) at every region position (the loss keeps the masked ones).
     """
 
     text_hidden: torch.Tensor
@@ -73,21 +73,21 @@ class VlBertForPreTraining(nn.Module):
         self,
         *,
         input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
+        attention_mask: torch.Tensor | None,
         token_type_ids: torch.Tensor | None,
         features: torch.Tensor,
         boxes: torch.Tensor,
-        region_mask: torch.Tensor,
+        region_mask: torch.Tensor | None,
         image_feature: torch.Tensor | None = None,
         masked_regions: torch.Tensor | None = None,
-        mlm_positions: torch.Tensor | None = None,
+        mlm_index: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VlBertPreTrainingOutput:
         """Inputs as VlBertModel.forward (masked_regions (B, N) bool: the RoIs to classify).
 
-        mlm_positions: optional (B, T) bool, the tokens to score with the vocabulary (the masked
-        ones): lang_prediction_logits is then (M, V) for its M True entries instead of (B, T, V).
-        The vocabulary projection is most of a small model's step; None scores every token.
+        mlm_index: optional (K,) long, the tokens to score with the vocabulary (the masked ones),
+        as positions b * T + t: lang_prediction_logits is then (K, V) instead of (B, T, V). The
+        vocabulary projection is most of a small model's step; None scores every token.
         """
         out = self.vlbert(
             input_ids=input_ids,
@@ -105,8 +105,8 @@ class VlBertForPreTraining(nn.Module):
             visual_hidden=out.visual_hidden,
             pooled=out.pooled,
             end_hidden=out.end_hidden,
-            lang_prediction_logits=self.mlm_head(  # (B, T, V) or (M, V)
-                out.text_hidden, positions=mlm_positions),
+            lang_prediction_logits=self.mlm_head(  # (B, T, V) or (K, V)
+                out.text_hidden, mlm_index),
             region_class_logits=self.region_head(out.visual_hidden),  # (B, N, C)
             attentions=out.attentions,
         )

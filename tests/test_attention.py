@@ -1,10 +1,11 @@
 """model.attention.attend, the one attention of the four architectures: both paths against a
 reference written out here (per sample and head, in float64), boolean key padding, the defined
 result of a query with no key to attend to (zeros, zero gradients, in float32 and under bfloat16
-autocast), the probabilities' sums and zeros, dropout only in training, and that no architecture
-attends on its own."""
+autocast), the probabilities' sums and zeros, dropout only in training, that no architecture
+attends on its own, and that each runs its attention unmasked when told nothing is padding."""
 
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import model
+from model.archs import ARCH_NAMES, ARCHS
 from model.attention import attend
 from model.lxmert import LxmertAttention, LxmertConfig
 from model.vilbert import VilBertCoAttentionLayer, VilBertConfig, VilBertLayer
@@ -236,3 +238,35 @@ def test_no_architecture_attends_on_its_own():
         if "scaled_dot_product_attention(" in p.read_text()
     ]
     assert callers == ["attention.py"]
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_masks_none_mean_nothing_is_padding_and_attention_runs_unmasked(arch, monkeypatch):
+    """attention_mask and region_mask None: the outputs of all-ones masks, and `attend` is given
+    no mask at all (SDPA may then take its flash kernel)."""
+    torch.manual_seed(0)
+    config = ARCHS[arch].config.tiny()
+    encoder = ARCHS[arch].encoder(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    B, T, N = 2, 5, 3
+    x1y1 = torch.rand(B, N, 2, generator=gen) * 0.5
+    inputs = dict(input_ids=torch.randint(5, 60, (B, T), generator=gen), token_type_ids=None,
+                  features=torch.randn(B, N, config.visual_feat_dim, generator=gen),
+                  boxes=torch.cat([x1y1, x1y1 + 0.4], -1))
+    ones = dict(attention_mask=torch.ones(B, T, dtype=torch.long),
+                region_mask=torch.ones(B, N, dtype=torch.long))
+    masks = []
+
+    def recording(q, k, v, keep, **kwargs):
+        masks.append(keep)
+        return attend(q, k, v, keep, **kwargs)
+
+    monkeypatch.setattr(sys.modules[f"model.{arch}"], "attend", recording)
+    with torch.no_grad():
+        want = encoder(**inputs, **ones)
+        assert masks and all(m is not None for m in masks)
+        masks.clear()
+        got = encoder(**inputs, attention_mask=None, region_mask=None)
+    assert masks and all(m is None for m in masks)
+    for name in ("text_hidden", "visual_hidden", "pooled"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), atol=1e-6, rtol=0)

@@ -52,6 +52,17 @@ def test_masked_lm_head_is_tied_to_the_embeddings():
     assert embeddings.weight.grad is not None and embeddings.weight.grad.abs().sum() > 0
 
 
+def test_masked_lm_head_scores_the_indexed_tokens_only():
+    """index (K,) into the B * T tokens row-major: row k of the logits is token index[k]'s, repeats
+    and any order allowed; an empty index gives (0, V)."""
+    head = MaskedLMHead(nn.Embedding(11, H))
+    x = torch.randn(B, T, H)
+    index = torch.tensor([T + 1, 0, 0, B * T - 1])
+    full = head(x).reshape(B * T, 11)
+    torch.testing.assert_close(head(x, index), full[[T + 1, 0, 0, B * T - 1]], atol=1e-6, rtol=0)
+    assert head(x, torch.zeros(0, dtype=torch.long)).shape == (0, 11)
+
+
 def test_matching_and_retrieval_heads():
     pooled = torch.randn(B, H)
     assert MatchingHead(H)(pooled).shape == (B, 2)
@@ -195,6 +206,9 @@ def test_feature_regression_counts_masked_regions_only():
     # LXMERT's official reduction: mean over every region (then scaled by 1 / 0.15 by the objective)
     assert feature_regression_loss(pred, target, weight, reduction="mean").item() == pytest.approx(
         (0.125 + 0.75) / 3, abs=1e-6
+    )
+    assert feature_regression_loss(pred, target, weight, reduction="sum").item() == pytest.approx(
+        0.125 + 0.75, abs=1e-6
     )
     assert feature_regression_loss(pred, target, torch.zeros(1, 3)).item() == 0.0
 

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from gathers import check_gather, dense_labels
 
 from model.heads import IGNORE_INDEX, masked_lm_loss
 from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertPreTrainingOutput
@@ -99,13 +100,13 @@ def big(tokenizer):
 
 def unmasked_ids(batch) -> torch.Tensor:
     """The text before word masking: labels hold the original id wherever a token was chosen."""
-    labels = batch.targets["mlm_labels"]
+    labels = dense_labels(batch)
     return torch.where(labels != IGNORE_INDEX, labels, batch.inputs["input_ids"])
 
 
 def test_word_masking_statistics_and_labels(tokenizer, big):
     _, _, batch = big
-    ids, labels = batch.inputs["input_ids"], batch.targets["mlm_labels"]
+    ids, labels = batch.inputs["input_ids"], dense_labels(batch)
     original = unmasked_ids(batch)
     attention = batch.inputs["attention_mask"].bool()
     special = torch.isin(
@@ -113,8 +114,9 @@ def test_word_masking_statistics_and_labels(tokenizer, big):
         torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]),
     )
     chosen = labels != IGNORE_INDEX
-    # The model is told to score exactly the chosen tokens.
-    assert torch.equal(batch.inputs["mlm_positions"], chosen)
+    # The model is told to score exactly the chosen tokens (dynamic shapes: no padding).
+    check_gather(batch)
+    assert batch.inputs["mlm_index"].shape == (int(chosen.sum()),)
     # Never [CLS], [SEP] or [PAD]; every row starts with [CLS] and holds one [SEP].
     assert not (chosen & (special | ~attention)).any()
     assert (ids[:, 0] == tokenizer.cls_token_id).all()
@@ -262,12 +264,12 @@ def test_words_masked_from_mlm_from_epoch(tokenizer):
     whole = encode_texts(tokenizer, [p.sentence for p in pairs], 20)["input_ids"]
     early = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=1)
     assert torch.equal(early.inputs["input_ids"], whole)  # fed whole, nothing to predict
-    assert (early.targets["mlm_labels"] == IGNORE_INDEX).all()
-    assert not early.inputs["mlm_positions"].any()
+    assert early.inputs["mlm_index"].shape == early.targets["mlm_labels"].shape == (0,)
     late = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=2)
-    masked = late.targets["mlm_labels"] != IGNORE_INDEX
+    labels = dense_labels(late)
+    masked = labels != IGNORE_INDEX
     assert masked.sum() > 40  # about 15% of some 900 wordpieces
-    assert torch.equal(late.targets["mlm_labels"][masked], whole[masked])
+    assert torch.equal(labels[masked], whole[masked])
     with pytest.raises(ValueError, match="mlm_from_epoch must be >= 0"):
         LxmertObjectiveConfig(mlm_from_epoch=-1)
 
@@ -282,7 +284,7 @@ def test_whole_batch_masks_nothing_but_still_swaps(tokenizer):
     ids = encode_texts(tokenizer, [f for f in fed if f is not None], 20)["input_ids"]
     width = ids.shape[1]
     assert torch.equal(batch.inputs["input_ids"][matched][:, :width], ids)
-    assert (batch.targets["mlm_labels"] == IGNORE_INDEX).all()
+    assert batch.targets["mlm_labels"].shape == (0,)
     assert not batch.targets["masked_regions"].any()
     assert torch.equal(batch.inputs["features"], batch.targets["feat_target"])
 
@@ -311,12 +313,12 @@ def smooth_l1(a: float, b: float) -> float:
 
 def hand_outputs(batch, seed=0) -> LxmertPreTrainingOutput:
     """Random outputs shaped as the model gives them for `batch`: MLM logits (M, V) for the M
-    masked tokens (none without the MLM task)."""
+    gathered tokens (none without the MLM task)."""
     g = torch.Generator().manual_seed(seed)
     B, T = batch.inputs["input_ids"].shape
     N = batch.inputs["features"].shape[1]
-    positions = batch.inputs.get("mlm_positions")
-    M = 0 if positions is None else int(positions.sum())
+    index = batch.inputs.get("mlm_index")
+    M = 0 if index is None else index.numel()
     return LxmertPreTrainingOutput(
         text_hidden=torch.zeros(B, T, 1), visual_hidden=torch.zeros(B, N, 1),
         pooled=torch.zeros(B, 1),
@@ -377,6 +379,7 @@ def test_visual_losses_and_qa_score_by_hand(tokenizer):
         feat_total += sum(smooth_l1(p, float(t)) for p, t in zip(pred, target)) / DIM
     assert float(losses["loss_feat"]) == pytest.approx(feat_total / (B * N) * w, rel=1e-5)
     assert float(losses_m["loss_feat"]) == pytest.approx(float(losses["loss_feat"]), rel=1e-6)
+    assert float(batch.targets["region_positions"]) == B * N
 
     # QA: the score of the argmax answer in the row's answers, over labelled rows.
     labels = batch.targets["qa_labels"]
@@ -390,7 +393,7 @@ def test_visual_losses_and_qa_score_by_hand(tokenizer):
     assert float(got[0]) == pytest.approx(score) and float(got[1]) == rows
 
     # MLM: logit row m belongs to the m-th masked token in row-major order.
-    mlm_labels = batch.targets["mlm_labels"]
+    mlm_labels = dense_labels(batch)
     masked_tokens = (mlm_labels != IGNORE_INDEX).nonzero().tolist()
     assert len(masked_tokens) > 5
     total, correct = 0.0, 0
@@ -416,15 +419,15 @@ def test_mlm_at_masked_positions_equals_full_vocabulary_scoring(tokenizer):
     pairs, samples = make_rows(4, 2, seed=5, max_regions=10)
     obj = objective(tokenizer, qa_from_epoch=0)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(3), epoch=0)
-    labels = batch.targets["mlm_labels"]
-    positions = batch.inputs["mlm_positions"]
+    labels = dense_labels(batch)
+    positions = labels != IGNORE_INDEX
     assert 5 < int(positions.sum()) < positions.numel()
 
     losses, metrics = obj.compute(model, batch)
     grads = torch.autograd.grad(sum(losses.values()), list(model.parameters()))
     losses = {k: v.detach() for k, v in losses.items()}
     # The reference: every token scored, the formulas the objective used before.
-    full_inputs = {k: v for k, v in batch.inputs.items() if k != "mlm_positions"}
+    full_inputs = {k: v for k, v in batch.inputs.items() if k != "mlm_index"}
     full = model(**full_inputs)
     B, T = labels.shape
     assert full.lang_prediction_logits.shape == (B, T, len(tokenizer))
@@ -439,7 +442,10 @@ def test_mlm_at_masked_positions_equals_full_vocabulary_scoring(tokenizer):
         scored, full.lang_prediction_logits.detach()[positions], rtol=1e-5, atol=1e-5
     )
     # ...and the training step is the same: the other losses as they were, the same gradients.
-    full_losses, _ = obj.losses(full, batch.targets)  # (B, T, V) logits are accepted too
+    # (every token gathered: B * T logits and labels)
+    full.lang_prediction_logits = full.lang_prediction_logits.flatten(0, 1)
+    full_targets = {**batch.targets, "mlm_labels": labels.flatten()}
+    full_losses, _ = obj.losses(full, full_targets)
     full_grads = torch.autograd.grad(sum(full_losses.values()), list(model.parameters()))
     assert set(full_losses) == ALL_LOSSES
     for k in ALL_LOSSES:
@@ -453,7 +459,7 @@ def test_nothing_masked_gives_zero_mlm_loss_that_reaches_the_head(tokenizer):
     pairs, samples = make_rows(3, 1, seed=2, max_regions=5)
     obj = objective(tokenizer, word_mask_prob=0.0)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
-    assert not batch.inputs["mlm_positions"].any()
+    assert batch.inputs["mlm_index"].shape == (0,)
     out = model(**batch.inputs)
     assert out.lang_prediction_logits.shape == (0, len(tokenizer))
     losses, metrics = obj.losses(out, batch.targets)
@@ -466,12 +472,26 @@ def test_nothing_masked_gives_zero_mlm_loss_that_reaches_the_head(tokenizer):
 
 
 def test_masked_lm_terms_rejects_logits_of_another_shape():
-    labels = torch.full((2, 5), IGNORE_INDEX)
-    labels[0, 1], labels[1, 3] = 4, 7
-    with pytest.raises(ValueError, match="neither"):
-        masked_lm_terms(torch.zeros(3, 10), labels)  # 3 rows for 2 masked tokens
-    with pytest.raises(ValueError, match="neither"):
-        masked_lm_terms(torch.zeros(2, 4, 10), labels)  # (B, T', V) with T' != T
+    labels = torch.tensor([4, 7, IGNORE_INDEX])
+    with pytest.raises(ValueError, match="not \\(K, V\\)"):
+        masked_lm_terms(torch.zeros(2, 10), labels)  # 2 rows for 3 gathered labels
+    with pytest.raises(ValueError, match="not \\(K, V\\)"):
+        masked_lm_terms(torch.zeros(1, 3, 10), labels)  # (B, T, V)
+
+
+def test_masked_lm_terms_mean_over_labelled_entries_only():
+    """Padding entries (IGNORE_INDEX) change neither the loss nor the accuracy; an all-padding
+    gather gives 0 and (0, 0), not NaN."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 10, generator=g)
+    labels = torch.tensor([4, 7, 1, IGNORE_INDEX, IGNORE_INDEX])
+    loss, (correct, count) = masked_lm_terms(logits, labels)
+    expected = sum(ce(logits[i].tolist(), int(labels[i])) for i in range(3)) / 3
+    assert float(loss) == pytest.approx(expected, rel=1e-6)
+    assert float(count) == 3.0
+    assert float(correct) == float((logits[:3].argmax(-1) == labels[:3]).sum())
+    loss, (correct, count) = masked_lm_terms(logits, torch.full((5,), IGNORE_INDEX))
+    assert float(loss) == 0.0 and float(correct) == 0.0 and float(count) == 0.0
 
 
 def test_disabled_tasks_give_no_keys(tokenizer):
@@ -479,8 +499,9 @@ def test_disabled_tasks_give_no_keys(tokenizer):
     obj = objective(tokenizer, mlm=False, qa=False, visual_losses=["feat"])
     assert obj.config.visual_losses == ("feat",)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=10)
-    assert set(batch.targets) == {"match_labels", "masked_regions", "feat_target"}
-    assert "mlm_positions" not in batch.inputs  # the model then scores every token, unused
+    assert set(batch.targets) == {
+        "match_labels", "masked_regions", "region_positions", "feat_target"}
+    assert "mlm_index" not in batch.inputs  # the model then scores every token, unused
     losses, metrics = obj.losses(hand_outputs(batch), batch.targets)
     assert set(losses) == {"loss_match", "loss_feat"} and set(metrics) == {"match_acc"}
     off = objective(tokenizer, matching=False, object_prediction=False)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from gathers import check_gather, chosen_regions, dense_labels, every_token
 from region_fakes import WORDS, D, fake_sample, within
 
 from model.heads import IGNORE_INDEX
@@ -46,8 +47,8 @@ def objective(tokenizer, **changes) -> VilBertObjective:
 
 def source_rows(batch: TrainBatch, pairs, tokenizer) -> list[int]:
     """For each row, the index of the pair whose sentence it holds (labels undo the masking)."""
-    ids = torch.where(batch.targets["mlm_labels"] != IGNORE_INDEX, batch.targets["mlm_labels"],
-                      batch.inputs["input_ids"])
+    labels = dense_labels(batch)
+    ids = torch.where(labels != IGNORE_INDEX, labels, batch.inputs["input_ids"])
     encoded = encode_texts(tokenizer, [p.sentence for p in pairs], MAX_TEXT)
     lookup = {tuple(row[m.bool()].tolist()): i
               for i, (row, m) in enumerate(zip(encoded["input_ids"], encoded["attention_mask"]))}
@@ -97,7 +98,8 @@ def test_word_masking_statistics_and_labels(big, tokenizer):
     pairs, _, batch = big
     sentences = [pairs[j].sentence for j in source_rows(batch, pairs, tokenizer)]
     original = encode_texts(tokenizer, sentences, MAX_TEXT)  # after the swaps
-    ids, labels = batch.inputs["input_ids"], batch.targets["mlm_labels"]
+    ids, labels = batch.inputs["input_ids"], dense_labels(batch)
+    check_gather(batch)
     assert torch.equal(batch.inputs["attention_mask"], original["attention_mask"])
     chosen = labels != IGNORE_INDEX
     special = torch.isin(original["input_ids"], torch.tensor(tokenizer.all_special_ids))
@@ -116,9 +118,10 @@ def test_word_masking_statistics_and_labels(big, tokenizer):
 def test_masked_regions_are_zeroed_90_percent_and_target_the_detector(big):
     pairs, samples, batch = big
     regions = collate_regions(samples, max_boxes=MAX_BOXES)
-    labelled = batch.targets["region_labelled"]
+    labelled = chosen_regions(batch)
     real = regions.region_mask.bool()
     assert labelled.shape == real.shape  # the N input regions: the global region is no target
+    assert (batch.targets["region_weight"] == 1).all()  # dynamic shapes: no padding
     assert not (labelled & ~real).any()
     n = int(real.sum())
     assert within(float(labelled.sum()) / n, 0.15, n)
@@ -140,10 +143,11 @@ def test_negatives_can_be_left_unmasked(tokenizer):
         pairs, samples, np.random.default_rng(0), epoch=0)
     negative = batch.targets["align_labels"] == 0
     assert negative.any() and (~negative).any()
-    assert (batch.targets["mlm_labels"][negative] == IGNORE_INDEX).all()
-    assert not batch.targets["region_labelled"][negative].any()
-    assert (batch.targets["mlm_labels"][~negative] != IGNORE_INDEX).any()
-    assert batch.targets["region_labelled"][~negative].any()
+    labels, labelled = dense_labels(batch), chosen_regions(batch)
+    assert (labels[negative] == IGNORE_INDEX).all()
+    assert not labelled[negative].any()
+    assert (labels[~negative] != IGNORE_INDEX).any()
+    assert labelled[~negative].any()
     regions = collate_regions(samples, max_boxes=MAX_BOXES)
     assert torch.equal(batch.inputs["features"][negative], regions.features[negative])
 
@@ -158,7 +162,7 @@ def test_task_toggles(tokenizer):
     assert set(losses) == {"loss_mlm", "loss_mrm"} and set(metrics) == {"mlm_acc", "mrm_acc"}
     no_mlm = objective(tokenizer, mlm=False).make_batch(pairs, samples, np.random.default_rng(0),
                                                         epoch=0)
-    assert (no_mlm.targets["mlm_labels"] == IGNORE_INDEX).all()
+    assert "mlm_labels" not in no_mlm.targets and "mlm_index" not in no_mlm.inputs
     assert (no_mlm.inputs["input_ids"] != tokenizer.mask_token_id).all()
 
 
@@ -225,21 +229,21 @@ def test_compute_equals_the_hand_computed_losses(tokenizer):
         "boxes": torch.tensor([[0.1, 0.1, 0.5, 0.6]]).repeat(3, 3, 1),
         "region_mask": torch.tensor([[1, 1, 1], [1, 1, 0], [1, 0, 0]]),
     }
-    chosen = [(0, 1), (0, 2), (1, 0)]
-    labelled = torch.zeros(3, 3, dtype=torch.bool)
-    labelled[tuple(zip(*chosen))] = True
+    chosen = [(0, 1), (0, 2), (1, 0)]  # at b * 3 + n, then a padding slot
     probs = torch.softmax(torch.randn(3, 1601, generator=gen) * 3, -1)
     probs[0, :800] = 0  # 0 log 0 = 0
     probs[0] /= probs[0].sum()
     targets = {
-        "mlm_labels": torch.tensor([[I, dog, I, I, I], [I, I, cat, mat, I], [I] * 5]),
-        "region_labelled": labelled,
-        "region_targets": probs,
+        # tokens (0, 1), (1, 2), (1, 3) at b * 5 + t, then a padding slot
+        "mlm_labels": torch.tensor([dog, cat, mat, I]),
+        "region_index": torch.tensor([1, 2, 3, 0]),
+        "region_targets": torch.cat([probs, torch.zeros(1, 1601)]),
+        "region_weight": torch.tensor([1.0, 1.0, 1.0, 0.0]),
         "align_labels": torch.tensor([1, 0, 1]),
     }
     # as make_batch does: the vocabulary scores only the chosen tokens
-    positions = targets["mlm_labels"] != I
-    batch = TrainBatch(inputs={**inputs, "mlm_positions": positions}, targets=targets, size=3)
+    index = torch.tensor([1, 7, 8, 0])
+    batch = TrainBatch(inputs={**inputs, "mlm_index": index}, targets=targets, size=3)
     model = tiny_model(tokenizer).eval()
     losses, metrics = objective(tokenizer).compute(model, batch)
 
@@ -276,7 +280,7 @@ def test_losses_are_finite_and_fall_on_a_fixed_batch(tokenizer):
                              max_text_length=16, max_boxes=MAX_BOXES)
     batch = build.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
     assert set(batch.targets["align_labels"].tolist()) == {0, 1}
-    assert batch.targets["region_labelled"].any()
+    assert batch.targets["region_weight"].any()
     model = tiny_model(tokenizer)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     history = []
@@ -294,29 +298,24 @@ def test_losses_are_finite_and_fall_on_a_fixed_batch(tokenizer):
         assert last[name] < bound * first[name], (name, first[name], last[name])
 
 
-def without_positions(batch: TrainBatch) -> TrainBatch:
-    """The same batch, its model scoring every token (B, T, V)."""
-    inputs = {k: v for k, v in batch.inputs.items() if k != "mlm_positions"}
-    return TrainBatch(inputs=inputs, targets=batch.targets, size=batch.size)
-
-
 def test_scoring_only_labelled_tokens_changes_no_loss_or_accuracy(tokenizer):
-    """mlm_positions: (M, V) logits, the full ones at those tokens; same losses and accuracies."""
+    """mlm_index: (M, V) logits, the full ones at those tokens; same losses and accuracies."""
     pairs, samples = fake_rows(8, seed=10, boxes=(2, 8))
     build = objective(tokenizer)
     batch = build.make_batch(pairs, samples, np.random.default_rng(1), epoch=0)
-    labels, positions = batch.targets["mlm_labels"], batch.inputs["mlm_positions"]
-    assert torch.equal(positions, labels != IGNORE_INDEX) and positions.any()
+    labels = dense_labels(batch)
+    positions = labels != IGNORE_INDEX
+    assert positions.any()
     model = tiny_model(tokenizer, seed=3).eval()
     # a trained-looking model: argmax right on some tokens, so accuracy is not trivially 0
     with torch.no_grad():
         model.mlm_head.bias[labels[positions][:3]] += 5.0
         scored = model(**batch.inputs).lang_prediction_logits
-        full = model(**without_positions(batch).inputs).lang_prediction_logits
+        full = model(**{k: v for k, v in batch.inputs.items() if k != "mlm_index"})
     assert scored.shape == (int(positions.sum()), len(tokenizer))
-    torch.testing.assert_close(scored, full[positions])
+    torch.testing.assert_close(scored, full.lang_prediction_logits[positions])
     losses, metrics = build.compute(model, batch)
-    expected_losses, expected_metrics = build.compute(model, without_positions(batch))
+    expected_losses, expected_metrics = build.compute(model, every_token(batch))
     assert set(losses) == set(expected_losses) == {"loss_mlm", "loss_mrm", "loss_align"}
     for name, value in expected_losses.items():
         torch.testing.assert_close(losses[name], value, rtol=1e-6, atol=1e-6)
@@ -324,7 +323,7 @@ def test_scoring_only_labelled_tokens_changes_no_loss_or_accuracy(tokenizer):
     for name, (correct, count) in expected_metrics.items():
         assert [float(x) for x in metrics[name]] == [float(correct), float(count)], name
     # without masked LM the model is not asked to restrict anything
-    assert "mlm_positions" not in objective(tokenizer, mlm=False).make_batch(
+    assert "mlm_index" not in objective(tokenizer, mlm=False).make_batch(
         pairs, samples, np.random.default_rng(1), epoch=0).inputs
 
 
@@ -332,7 +331,7 @@ def test_no_labelled_token_gives_zero_mlm_loss_and_keeps_the_head_in_the_graph(t
     pairs, samples = fake_rows(4, seed=11, boxes=(2, 6))
     build = objective(tokenizer, word_mask_prob=0.0, region_mask_prob=1.0)
     batch = build.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
-    assert not batch.inputs["mlm_positions"].any()
+    assert batch.inputs["mlm_index"].shape == (0,)
     model = tiny_model(tokenizer)
     losses, metrics = build.compute(model, batch)
     assert float(losses["loss_mlm"].detach()) == 0.0

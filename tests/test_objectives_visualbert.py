@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from gathers import check_gather, dense_labels
 
 from model.heads import IGNORE_INDEX, masked_lm_loss, matching_loss
 from model.visualbert import VisualBertConfig
@@ -87,7 +88,7 @@ def within(count: float, n: int, p: float, sigmas: float = 5.0) -> bool:
 
 
 def unmasked_ids(batch) -> torch.Tensor:
-    labels = batch.targets["mlm_labels"]
+    labels = dense_labels(batch)
     return torch.where(labels != IGNORE_INDEX, labels, batch.inputs["input_ids"])
 
 
@@ -126,7 +127,7 @@ def test_second_caption_choice_and_labels(tokenizer, big):
 
 def test_token_types_and_masking_on_both_captions(tokenizer, big):
     _, _, batch = big
-    ids, labels = batch.inputs["input_ids"], batch.targets["mlm_labels"]
+    ids, labels = batch.inputs["input_ids"], dense_labels(batch)
     types, attention = batch.inputs["token_type_ids"], batch.inputs["attention_mask"].bool()
     original = unmasked_ids(batch)
     is_sep = original == tokenizer.sep_token_id
@@ -138,7 +139,8 @@ def test_token_types_and_masking_on_both_captions(tokenizer, big):
         torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]),
     )
     chosen = labels != IGNORE_INDEX
-    assert torch.equal(batch.inputs["mlm_positions"], chosen)  # what the model is told to score
+    check_gather(batch)  # the model is told to score the chosen tokens, and only them
+    assert batch.inputs["mlm_index"].shape == (int(chosen.sum()),)
     assert not (chosen & (special | ~attention)).any()
     assert torch.equal(ids[~chosen], original[~chosen])
     for segment in (0, 1):
@@ -199,7 +201,7 @@ def test_disabled_tasks_give_no_keys(tokenizer):
     assert ((unmasked_ids(batch) == tokenizer.sep_token_id).sum(1) == 1).all()
     assert (batch.inputs["token_type_ids"] == 0).all()
     B, T = batch.inputs["input_ids"].shape
-    M = int(batch.inputs["mlm_positions"].sum())
+    M = batch.inputs["mlm_index"].numel()
     out = VisualBertPreTrainingOutput(
         text_hidden=torch.zeros(B, T, 1), visual_hidden=torch.zeros(B, 1, 1),
         pooled=torch.zeros(B, 1), lang_prediction_logits=torch.randn(M, len(tokenizer)),
@@ -210,7 +212,7 @@ def test_disabled_tasks_give_no_keys(tokenizer):
     no_mlm = objective(tokenizer, mlm=False)
     batch = no_mlm.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
     assert set(batch.targets) == {"match_labels"}
-    assert "mlm_positions" not in batch.inputs  # the model then scores every token, unused
+    assert "mlm_index" not in batch.inputs  # the model then scores every token, unused
     assert not (batch.inputs["input_ids"] == tokenizer.mask_token_id).any()
 
 
@@ -232,14 +234,15 @@ def test_mlm_at_masked_positions_equals_full_vocabulary_scoring(tokenizer):
     pairs, samples = make_rows(4, seed=4)
     obj = objective(tokenizer)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(2), epoch=0)
-    labels, positions = batch.targets["mlm_labels"], batch.inputs["mlm_positions"]
+    labels = dense_labels(batch)
+    positions = labels != IGNORE_INDEX
     assert 5 < int(positions.sum()) < positions.numel()
 
     losses, metrics = obj.compute(model, batch)
     grads = torch.autograd.grad(sum(losses.values()), list(model.parameters()))
     losses = {k: v.detach() for k, v in losses.items()}
     # The reference: every token scored, with the formulas the objective used before.
-    full = model(**{k: v for k, v in batch.inputs.items() if k != "mlm_positions"})
+    full = model(**{k: v for k, v in batch.inputs.items() if k != "mlm_index"})
     B, T = labels.shape
     assert full.lang_prediction_logits.shape == (B, T, len(tokenizer))
     reference = masked_lm_loss(full.lang_prediction_logits, labels)
@@ -265,7 +268,7 @@ def test_nothing_masked_gives_zero_mlm_loss_that_reaches_the_head(tokenizer):
     pairs, samples = make_rows(3, seed=1)
     obj = objective(tokenizer, word_mask_prob=0.0)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
-    assert not batch.inputs["mlm_positions"].any()
+    assert batch.inputs["mlm_index"].shape == (0,)
     losses, metrics = obj.compute(model, batch)
     assert float(losses["loss_mlm"].detach()) == 0.0
     assert [float(x) for x in metrics["mlm_acc"]] == [0.0, 0.0]
@@ -282,7 +285,7 @@ def test_tiny_model_losses_fall(tokenizer):
     batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
     assert set(batch.inputs) == {
         "input_ids", "attention_mask", "token_type_ids", "features", "boxes", "region_mask",
-        "mlm_positions",
+        "mlm_index",
     }
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
     first = None

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from gathers import check_gather, chosen_regions, dense_labels, every_token
 from region_fakes import WORDS, D, fake_sample, within
 
 from model.heads import IGNORE_INDEX
@@ -58,8 +59,9 @@ def big(tokenizer):
 def test_word_masking_statistics_and_labels(big, tokenizer):
     pairs, _, texts, batch = big
     original = encode_texts(tokenizer, [p.sentence for p in pairs] + texts, MAX_TEXT)
-    ids, labels = batch.inputs["input_ids"], batch.targets["mlm_labels"]
-    text_labels = batch.targets["text_mlm_labels"]
+    ids, labels = batch.inputs["input_ids"], dense_labels(batch)
+    text_labels = dense_labels(batch, "text_mlm_labels")
+    check_gather(batch, ("mlm_labels", "text_mlm_labels"))
     assert ids.shape == original["input_ids"].shape
     assert torch.equal(batch.inputs["attention_mask"], original["attention_mask"])
     B = len(pairs)
@@ -85,7 +87,9 @@ def test_masked_rois_and_their_soft_targets(big):
     pairs, samples, texts, batch = big
     regions = collate_regions(samples, max_boxes=MAX_BOXES)
     B, P, N = len(pairs), len(texts), regions.features.shape[1]
-    labelled = batch.targets["region_labelled"]
+    labelled = chosen_regions(batch)
+    weight = batch.targets["region_weight"]
+    assert weight.shape == (int(labelled.sum()),) and (weight == 1).all()  # dynamic: no padding
     assert labelled.shape == batch.inputs["masked_regions"].shape == (B + P, N)
     # the paper: every chosen RoI is masked, and only those
     assert torch.equal(batch.inputs["masked_regions"], labelled)
@@ -107,7 +111,7 @@ def test_unmasked_fraction_of_chosen_rois_is_an_option(tokenizer):
     config = VlBertObjectiveConfig(region_unmasked_prob=0.1)  # the official code's 90 / 10
     objective = VlBertObjective(config, tokenizer, max_text_length=MAX_TEXT, max_boxes=MAX_BOXES)
     batch = objective.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
-    labelled, masked = batch.targets["region_labelled"], batch.inputs["masked_regions"]
+    labelled, masked = chosen_regions(batch), batch.inputs["masked_regions"]
     assert not (masked & ~labelled).any()
     n = int(labelled.sum())
     assert within(float(masked.sum()) / n, 0.9, n)
@@ -121,11 +125,12 @@ def test_text_only_rows_have_no_regions_and_their_own_loss(big, tokenizer):
     for name in ("region_mask", "features", "boxes"):
         assert (batch.inputs[name][B:] == 0).all(), name
     assert (batch.inputs["region_mask"][:B].sum(1) > 0).any()
-    assert (batch.targets["text_mlm_labels"][B:] != IGNORE_INDEX).sum() > 0
+    text_labels = dense_labels(batch, "text_mlm_labels")
+    assert (text_labels[B:] != IGNORE_INDEX).sum() > 0
     # a passage row keeps its own wordpieces wherever it is not chosen
     original = encode_texts(tokenizer, texts, MAX_TEXT)["input_ids"]
     T = original.shape[1]
-    kept = batch.targets["text_mlm_labels"][B:, :T] == IGNORE_INDEX
+    kept = text_labels[B:, :T] == IGNORE_INDEX
     assert torch.equal(batch.inputs["input_ids"][B:, :T][kept], original[kept])
 
 
@@ -181,7 +186,7 @@ def test_task_toggles(tokenizer):
     T = original.shape[1]
     assert (no_mlm.targets["mlm_labels"] == IGNORE_INDEX).all()
     assert torch.equal(no_mlm.inputs["input_ids"][:40, :T], original)
-    assert (no_mlm.targets["text_mlm_labels"] != IGNORE_INDEX).any()
+    assert (no_mlm.targets["text_mlm_labels"] != IGNORE_INDEX).all()
     no_text = VlBertObjective(VlBertObjectiveConfig(text_mlm=False), tokenizer, **build)
     batch = no_text.make_batch(pairs, samples, np.random.default_rng(0), epoch=0, texts=texts)
     assert batch.inputs["input_ids"].shape[0] == 40
@@ -232,17 +237,19 @@ def test_compute_equals_the_hand_computed_losses(tokenizer):
         "region_mask": torch.tensor([[1, 1, 1], [1, 1, 0], [0, 0, 0]]),
         "masked_regions": torch.tensor([[0, 1, 0], [1, 0, 0], [0, 0, 0]]).bool(),
     }
-    labelled = torch.tensor([[0, 1, 1], [1, 0, 0], [0, 0, 0]]).bool()  # (0, 2) chosen, kept
+    # regions (0, 1), (0, 2) (chosen, kept) and (1, 0) at b * 3 + n, then a padding slot
     probs = torch.softmax(torch.randn(3, 1601, generator=gen) * 3, -1)
     targets = {
-        "mlm_labels": torch.tensor([[I, dog, I, I, I], [I, I, cat, mat, I], [I] * 5]),
-        "text_mlm_labels": torch.tensor([[I] * 5, [I] * 5, [I, red, I, I, I]]),
-        "region_labelled": labelled,
-        "region_targets": probs,
+        # tokens (0, 1), (1, 2), (1, 3), (2, 1) at b * 5 + t, then a padding slot
+        "mlm_labels": torch.tensor([dog, cat, mat, I, I]),
+        "text_mlm_labels": torch.tensor([I, I, I, red, I]),
+        "region_index": torch.tensor([1, 2, 3, 0]),
+        "region_targets": torch.cat([probs, torch.zeros(1, 1601)]),
+        "region_weight": torch.tensor([1.0, 1.0, 1.0, 0.0]),
     }
     # as make_batch does: the vocabulary scores only the labelled tokens of both tasks
-    positions = (targets["mlm_labels"] != I) | (targets["text_mlm_labels"] != I)
-    batch = TrainBatch(inputs={**inputs, "mlm_positions": positions}, targets=targets, size=2)
+    index = torch.tensor([1, 7, 8, 11, 0])
+    batch = TrainBatch(inputs={**inputs, "mlm_index": index}, targets=targets, size=2)
     model = tiny_model(tokenizer).eval()
     objective = VlBertObjective(VlBertObjectiveConfig(), tokenizer, max_text_length=MAX_TEXT,
                                 max_boxes=MAX_BOXES)
@@ -275,7 +282,7 @@ def test_losses_are_finite_and_fall_on_a_fixed_batch(tokenizer):
     batch = objective.make_batch(pairs, samples, np.random.default_rng(0), epoch=0,
                                  texts=fake_texts(3, seed=4))
     assert (batch.targets["text_mlm_labels"] != IGNORE_INDEX).any()
-    assert batch.targets["region_labelled"].any()
+    assert batch.targets["region_weight"].any()
     model = tiny_model(tokenizer)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     history = []
@@ -296,35 +303,30 @@ def test_losses_are_finite_and_fall_on_a_fixed_batch(tokenizer):
         assert last[name] - least < 0.5 * (first[name] - least), (name, first, last, floor)
 
 
-def without_positions(batch: TrainBatch) -> TrainBatch:
-    """The same batch, its model scoring every token (B, T, V)."""
-    inputs = {k: v for k, v in batch.inputs.items() if k != "mlm_positions"}
-    return TrainBatch(inputs=inputs, targets=batch.targets, size=batch.size)
-
-
 def test_scoring_only_labelled_tokens_changes_no_loss_or_accuracy(tokenizer):
-    """mlm_positions: (M, V) logits, the full ones at those tokens; same losses and accuracies."""
+    """mlm_index: (M, V) logits, the full ones at those tokens; same losses and accuracies."""
     pairs, samples = fake_rows(8, seed=10, boxes=(2, 8))
     objective = VlBertObjective(VlBertObjectiveConfig(), tokenizer, max_text_length=MAX_TEXT,
                                 max_boxes=MAX_BOXES)
     batch = objective.make_batch(pairs, samples, np.random.default_rng(1), epoch=0,
                                  texts=fake_texts(4, seed=2))
     t = batch.targets
-    positions = batch.inputs["mlm_positions"]
-    union = (t["mlm_labels"] != IGNORE_INDEX) | (t["text_mlm_labels"] != IGNORE_INDEX)
-    assert torch.equal(positions, union)
-    assert (t["mlm_labels"][positions] != IGNORE_INDEX).any()  # both tasks have tokens
-    assert (t["text_mlm_labels"][positions] != IGNORE_INDEX).any()
+    index = batch.inputs["mlm_index"]
+    positions = (dense_labels(batch) != IGNORE_INDEX) | (
+        dense_labels(batch, "text_mlm_labels") != IGNORE_INDEX)
+    assert (t["mlm_labels"] != IGNORE_INDEX).any()  # both tasks have tokens
+    assert (t["text_mlm_labels"] != IGNORE_INDEX).any()
     model = tiny_model(tokenizer, seed=3).eval()
     # a trained-looking model: argmax right on some tokens, so accuracy is not trivially 0
     with torch.no_grad():
-        model.mlm_head.bias[t["mlm_labels"][positions][:3]] += 5.0
+        model.mlm_head.bias[t["mlm_labels"][:3]] += 5.0
         scored = model(**batch.inputs).lang_prediction_logits
-        full = model(**without_positions(batch).inputs).lang_prediction_logits
-    assert scored.shape == (int(positions.sum()), len(tokenizer))
-    torch.testing.assert_close(scored, full[positions])
+        full = model(**{k: v for k, v in batch.inputs.items() if k != "mlm_index"})
+    assert scored.shape == (index.numel(), len(tokenizer)) == (int(positions.sum()), len(tokenizer))
+    torch.testing.assert_close(scored, full.lang_prediction_logits[positions])
     losses, metrics = objective.compute(model, batch)
-    expected_losses, expected_metrics = objective.compute(model, without_positions(batch))
+    expected_losses, expected_metrics = objective.compute(
+        model, every_token(batch, ("mlm_labels", "text_mlm_labels")))
     assert set(losses) == set(expected_losses) == {"loss_mlm", "loss_text_mlm", "loss_mvrc"}
     for name, value in expected_losses.items():
         torch.testing.assert_close(losses[name], value, rtol=1e-6, atol=1e-6)
@@ -334,8 +336,8 @@ def test_scoring_only_labelled_tokens_changes_no_loss_or_accuracy(tokenizer):
     # without either masked LM the model is not asked to restrict anything
     off = VlBertObjective(VlBertObjectiveConfig(mlm=False, text_mlm=False), tokenizer,
                           max_text_length=MAX_TEXT, max_boxes=MAX_BOXES)
-    assert "mlm_positions" not in off.make_batch(pairs, samples, np.random.default_rng(1),
-                                                 epoch=0, texts=fake_texts(4, seed=2)).inputs
+    assert "mlm_index" not in off.make_batch(pairs, samples, np.random.default_rng(1),
+                                             epoch=0, texts=fake_texts(4, seed=2)).inputs
 
 
 def test_no_labelled_token_gives_zero_mlm_losses_and_keeps_the_head_in_the_graph(tokenizer):
@@ -344,7 +346,7 @@ def test_no_labelled_token_gives_zero_mlm_losses_and_keeps_the_head_in_the_graph
                                 tokenizer, max_text_length=MAX_TEXT, max_boxes=MAX_BOXES)
     batch = objective.make_batch(pairs, samples, np.random.default_rng(0), epoch=0,
                                  texts=fake_texts(2))
-    assert not batch.inputs["mlm_positions"].any()
+    assert batch.inputs["mlm_index"].shape == (0,)
     model = tiny_model(tokenizer)
     losses, metrics = objective.compute(model, batch)
     assert float(losses["loss_mlm"].detach()) == float(losses["loss_text_mlm"].detach()) == 0.0

@@ -62,6 +62,17 @@ def test_known_sentences_get_the_vocabulary_ids(vocab, tokenizer):
     assert batch["token_type_ids"].eq(0).all()
 
 
+def test_pad_to_max_gives_max_length_columns_and_the_same_tokens(tokenizer):
+    texts = ["a dog on a red mat", "what is it?"]
+    longest = encode_texts(tokenizer, texts, max_length=16)
+    fixed = encode_texts(tokenizer, texts, max_length=16, pad_to_max=True)
+    T = longest["input_ids"].shape[1]
+    assert T == 8 and all(t.shape == (2, 16) for t in fixed.values())
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        assert torch.equal(fixed[name][:, :T], longest[name]), name
+        assert not fixed[name][:, T:].any(), name  # [PAD] = 0, attention 0, type 0
+
+
 def test_truncation_keeps_sep_last(vocab, tokenizer):
     long_text = "a man on a horse rides past a red barn " * 4
     ids = _wordpiece_ids(long_text, vocab)

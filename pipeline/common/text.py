@@ -40,9 +40,11 @@ def load_tokenizer(path: str | Path | None = None) -> BertTokenizerFast:
 
 
 def encode_texts(
-    tokenizer: BertTokenizerFast, texts: Sequence[str], max_length: int
+    tokenizer: BertTokenizerFast, texts: Sequence[str], max_length: int, *,
+    pad_to_max: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """input_ids, attention_mask, token_type_ids: (B, T) long, T = min(longest, max_length).
+    """input_ids, attention_mask, token_type_ids: (B, T) long, T = min(longest, max_length), or
+    T = max_length with `pad_to_max` (the same shape for every batch: static shapes).
 
     Each text becomes `[CLS] wordpieces [SEP]`; a longer one loses its last wordpieces, never
     [SEP]. Padding is [PAD] with attention_mask 0; token_type_ids are all 0 (one segment).
@@ -53,7 +55,7 @@ def encode_texts(
         raise ValueError(f"max_length must leave room for [CLS] and [SEP], got {max_length}")
     encoded = tokenizer(
         list(texts),
-        padding="longest",
+        padding="max_length" if pad_to_max else "longest",
         truncation=True,
         max_length=max_length,
         return_tensors="pt",

@@ -9,7 +9,11 @@ PairTask (NLVR2): the statement with each of the two images -> PairModel's [Fals
 
 Both follow the pretraining objectives' protocol (make_batch / compute), so the pretraining
 trainer runs them; batches need no randomness, the `rng` is accepted and unused. With
-`language_only` every region's features and box are zeros (the language-only ablation).
+`language_only` every region's features and box are zeros (the language-only ablation). With
+`static_shapes` every batch of B rows has the same shapes: text padded to max_text_length, regions
+to max_boxes, and region_mask None when every region is real (attention then runs unmasked); the
+losses and metrics are those of the unpadded batch. A step (compute and backward) makes no host
+sync either way.
 """
 
 from __future__ import annotations
@@ -30,29 +34,47 @@ from shards.batch import RegionBatch, collate_regions
 from shards.schema import Sample
 
 
-def _regions(samples: Sequence[Sample], max_boxes: int, language_only: bool) -> RegionBatch:
-    regions = collate_regions(samples, max_boxes=max_boxes)
-    if language_only:
-        regions.features.zero_()
-        regions.boxes_xyxy_norm.zero_()
-    return regions
+class _Task:
+    """What both tasks share: the tokenizer, the row sizes and how text and regions are batched."""
+
+    def __init__(self, tokenizer, *, max_text_length: int, max_boxes: int,
+                 language_only: bool = False, static_shapes: bool = False) -> None:
+        self.tokenizer = tokenizer
+        self.max_text_length, self.max_boxes = max_text_length, max_boxes
+        self.language_only, self.static_shapes = language_only, static_shapes
+
+    def _text(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
+        return encode_texts(self.tokenizer, [e.sentence for e in examples], self.max_text_length,
+                            pad_to_max=self.static_shapes)
+
+    def _regions(self, samples: Sequence[Sample]) -> RegionBatch:
+        regions = collate_regions(samples, max_boxes=self.max_boxes,
+                                  pad_to=self.max_boxes if self.static_shapes else None)
+        if self.language_only:
+            regions.features.zero_()
+            regions.boxes_xyxy_norm.zero_()
+        return regions
+
+    def _region_mask(self, region_mask: torch.Tensor) -> torch.Tensor | None:
+        """None for a static batch whose every region is real, else the mask."""
+        return None if self.static_shapes and bool(region_mask.all()) else region_mask
 
 
-class AnswerTask:
+class AnswerTask(_Task):
     """VQA / GQA: see the module docstring."""
 
     def __init__(self, tokenizer, vocab: AnswerVocab, *, max_text_length: int, max_boxes: int,
-                 language_only: bool = False) -> None:
-        self.tokenizer, self.vocab = tokenizer, vocab
-        self.max_text_length, self.max_boxes = max_text_length, max_boxes
-        self.language_only = language_only
+                 language_only: bool = False, static_shapes: bool = False) -> None:
+        super().__init__(tokenizer, max_text_length=max_text_length, max_boxes=max_boxes,
+                         language_only=language_only, static_shapes=static_shapes)
+        self.vocab = vocab
 
     def make_batch(self, examples: Sequence[Example], samples: Sequence[tuple[Sample, ...]],
                    rng: np.random.Generator | None = None, *, epoch: int = 0,
                    texts: Sequence[str] | None = None) -> TrainBatch:
-        text = encode_texts(self.tokenizer, [e.sentence for e in examples], self.max_text_length)
-        regions = _regions([s[0] for s in samples], self.max_boxes, self.language_only)
-        inputs = {**text, **regions.model_inputs()}
+        regions = self._regions([s[0] for s in samples])
+        inputs = {**self._text(examples), **regions.model_inputs()}
+        inputs["region_mask"] = self._region_mask(regions.region_mask)
         if examples[0].answers is None:  # unlabelled (test) questions: prediction only
             return TrainBatch(inputs=inputs, targets={}, size=len(examples))
         scores = torch.zeros(len(examples), len(self.vocab))  # (B, A)
@@ -65,7 +87,8 @@ class AnswerTask:
         logits = model(**batch.inputs)  # (B, A)
         scores = batch.targets["scores"]
         best = logits.detach().argmax(-1, keepdim=True)
-        metric = (scores.gather(1, best).sum(), torch.tensor(float(batch.size)))
+        # the count made on the scores' device: a tensor from a Python number is a blocking copy
+        metric = (scores.gather(1, best).sum(), scores.new_full((), float(batch.size)))
         return {"loss_answer": vqa_bce_loss(logits, scores)}, {"score": metric}
 
     def predict(self, model: nn.Module, batch: TrainBatch) -> list[str]:
@@ -73,27 +96,20 @@ class AnswerTask:
         return [self.vocab.answers[i] for i in logits.argmax(-1).tolist()]
 
 
-class PairTask:
+class PairTask(_Task):
     """NLVR2: see the module docstring."""
-
-    def __init__(self, tokenizer, *, max_text_length: int, max_boxes: int,
-                 language_only: bool = False) -> None:
-        self.tokenizer = tokenizer
-        self.max_text_length, self.max_boxes = max_text_length, max_boxes
-        self.language_only = language_only
 
     def make_batch(self, examples: Sequence[Example], samples: Sequence[tuple[Sample, ...]],
                    rng: np.random.Generator | None = None, *, epoch: int = 0,
                    texts: Sequence[str] | None = None) -> TrainBatch:
-        text = encode_texts(self.tokenizer, [e.sentence for e in examples], self.max_text_length)
         flat = [image for pair in samples for image in pair]  # left, right of row 0, row 1, ...
-        regions = _regions(flat, self.max_boxes, self.language_only)
+        regions = self._regions(flat)
         B, N = len(examples), regions.features.shape[1]
         inputs = {
-            **text,
+            **self._text(examples),
             "features": regions.features.view(B, 2, N, -1),
             "boxes": regions.boxes_xyxy_norm.view(B, 2, N, 4),
-            "region_mask": regions.region_mask.view(B, 2, N),
+            "region_mask": self._region_mask(regions.region_mask.view(B, 2, N)),
         }
         if examples[0].label is None:
             return TrainBatch(inputs=inputs, targets={}, size=B)
@@ -111,8 +127,9 @@ class PairTask:
         return ["True" if i == 1 else "False" for i in logits.argmax(-1).tolist()]
 
 
-def task_objective(tokenizer, vocab: AnswerVocab | None, data) -> AnswerTask | PairTask:
+def task_objective(tokenizer, vocab: AnswerVocab | None, data, *,
+                   static_shapes: bool = False) -> AnswerTask | PairTask:
     """The objective of a run's TaskDataConfig `data`: PairTask without a vocabulary (NLVR2)."""
     kind = dict(max_text_length=data.max_text_length, max_boxes=data.max_boxes,
-                language_only=data.language_only)
+                language_only=data.language_only, static_shapes=static_shapes)
     return PairTask(tokenizer, **kind) if vocab is None else AnswerTask(tokenizer, vocab, **kind)

@@ -20,9 +20,12 @@ The object / attribute losses come in two flavours (`confidence_weighting`):
   averaged over all B * N positions (padding weighs 0): the official code's choice;
 - "masked": CE over the masked regions only, weighted by confidence, divided by the weights' sum.
 The feature loss is always the official one: mean over all B * N positions of SmoothL1 * mask.
+N there is the batch's largest region count, also when the batch is padded beyond it (static
+shapes, pipeline/pretrain/objectives/base.py): make_batch ships B * N as a target.
 
-Shapes: B rows, T tokens, N regions (the batch's largest count after `max_boxes`), D feature size,
-K answers of the row with the most answers.
+Shapes: B rows, T tokens, N regions (the batch's largest count after `max_boxes`; max_boxes with
+static shapes), D feature size, K answers of the row with the most answers, M the gathered tokens
+of the masked LM.
 """
 
 from __future__ import annotations
@@ -41,13 +44,17 @@ from model.heads import (
     matching_loss,
     region_class_loss,
 )
-from pipeline.common.text import encode_texts
 from pipeline.corpus.config import SOURCES
 from pipeline.corpus.pairs import Pair
-from pipeline.pretrain.objectives.base import PretrainObjective, check_rows, choose_other_rows, mask_tokens
-from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
+from pipeline.pretrain.objectives.base import (
+    PretrainObjective,
+    check_rows,
+    choose_other_rows,
+    mask_tokens,
+    uniform,
+)
+from pipeline.pretrain.objectives.masked_lm import masked_lm_terms
 from pipeline.train.batch import TrainBatch, accuracy
-from shards.batch import collate_regions
 from shards.schema import Sample
 
 VISUAL_LOSSES = ("obj", "attr", "feat")
@@ -132,6 +139,7 @@ def mask_regions(
     rng: np.random.Generator,
     *,
     prob: float,
+    width: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """LXMERT's object masking: each real region is chosen with `prob`; a chosen one gets a zero
     feature (80%), the feature of a random real region of a row showing another image (10%: a
@@ -139,12 +147,13 @@ def mask_regions(
     or keeps its own (10%).
 
     features (B, N, D) float, region_mask (B, N) {0, 1}, images: the B rows' image keys ->
-    (masked features (B, N, D), chosen (B, N) bool).
+    (masked features (B, N, D), chosen (B, N) bool). width: the largest N (max_boxes); draws
+    cover that many columns (`uniform`), padded or not.
     """
     B, N = region_mask.shape
     real = region_mask.bool()
-    chosen = torch.from_numpy(rng.random((B, N)) < prob) & real
-    action = torch.from_numpy(rng.random((B, N)))
+    chosen = (uniform(rng, (B, N), width) < prob) & real
+    action = uniform(rng, (B, N), width)
     masked = features.clone()
     masked[chosen & (action < _ZERO_BELOW)] = 0.0
     swap = chosen & (action >= _ZERO_BELOW) & (action < _SWAP_BELOW)
@@ -178,12 +187,16 @@ class LxmertObjective(PretrainObjective):
     """LXMERT's masked LM, matching, masked object prediction and QA, for LxmertForPreTraining.
 
     TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
-    boxes (B, N, 4), region_mask (B, N); with the MLM task, mlm_positions (B, T) bool, the masked
-    tokens, the only ones the model's MLM head then scores (logits (M, V)).
+    boxes (B, N, 4), region_mask (B, N), or None (static shapes, every region real); with the MLM
+    task, mlm_index (M,) long, the masked tokens' positions b * T + t, padded with 0
+    (PretrainObjective.masked_tokens), the only ones the model's MLM head then scores (logits
+    (M, V)).
     TrainBatch.targets, present when their task is on:
-        mlm_labels (B, T) long, IGNORE_INDEX where not masked;
+        mlm_labels (M,) long, the tokens' ids, IGNORE_INDEX in the padding;
         match_labels (B,) long, 1 matched / 0 not;
         masked_regions (B, N) float, 1 where a real region was masked (the feature-loss weight);
+        region_positions () float, B * the batch's largest region count (the official losses'
+            denominator; N with dynamic shapes);
         obj_labels, attr_labels (B, N) long (padding -1 made 0: its weight is 0);
         obj_weight, attr_weight (B, N) float, detector confidence (see confidence_weighting);
         feat_target (B, N, D) float, the unmasked features;
@@ -222,33 +235,36 @@ class LxmertObjective(PretrainObjective):
             targets["match_labels"] = torch.tensor(labels, dtype=torch.long)
 
         # 2. Text and word masking.
-        text = encode_texts(self.tokenizer, sentences, self.max_text_length)
+        text = self.encode(sentences)
         input_ids = text["input_ids"]  # (B, T)
+        labels, word_prob = torch.full_like(input_ids, IGNORE_INDEX), 0.0
         if cfg.mlm and epoch >= cfg.mlm_from_epoch and not whole:
+            word_prob = cfg.word_mask_prob
             maskable = ~torch.isin(input_ids, self.special_ids) & text["attention_mask"].bool()
-            input_ids, targets["mlm_labels"] = mask_tokens(
+            input_ids, labels = mask_tokens(
                 input_ids,
                 maskable,
                 rng,
-                prob=cfg.word_mask_prob,
+                prob=word_prob,
                 mask_id=self.tokenizer.mask_token_id,
                 vocab_size=len(self.tokenizer),
+                width=self.max_text_length,
             )
-        elif cfg.mlm:
-            targets["mlm_labels"] = torch.full_like(input_ids, IGNORE_INDEX)
         inputs.update(text, input_ids=input_ids)
         if cfg.mlm:
-            inputs["mlm_positions"] = mlm_positions(targets["mlm_labels"])  # (B, T) bool
+            inputs["mlm_index"], targets["mlm_labels"] = self.masked_tokens(labels, word_prob)
 
         # 3. Regions and object masking.
-        regions = collate_regions(samples, max_boxes=self.max_boxes)
+        regions = self.collate(samples)
         features = regions.features  # (B, N, D)
         if cfg.object_prediction:
             features, chosen = mask_regions(
                 regions.features, regions.region_mask, images, rng,
-                prob=0.0 if whole else cfg.object_mask_prob,
+                prob=0.0 if whole else cfg.object_mask_prob, width=self.max_boxes,
             )
             targets["masked_regions"] = chosen.float()
+            largest = int(regions.region_mask.sum(1).max())  # N before any static padding
+            targets["region_positions"] = torch.tensor(float(B * largest))
             official = cfg.confidence_weighting == "official"
             counted = regions.region_mask.bool() if official else chosen  # (B, N)
             if "obj" in cfg.visual_losses:
@@ -260,7 +276,8 @@ class LxmertObjective(PretrainObjective):
             if "feat" in cfg.visual_losses:
                 targets["feat_target"] = regions.features
         inputs.update(
-            features=features, boxes=regions.boxes_xyxy_norm, region_mask=regions.region_mask
+            features=features, boxes=regions.boxes_xyxy_norm,
+            region_mask=self.region_mask_input(regions.region_mask),
         )
 
         # 4. QA labels.
@@ -316,23 +333,26 @@ class LxmertObjective(PretrainObjective):
             metrics["match_acc"] = accuracy(logits, labels, labels != IGNORE_INDEX)
         if cfg.object_prediction:
             masked = targets["masked_regions"]
-            reduction = "mean" if cfg.confidence_weighting == "official" else "weighted_mean"
+            # The official mean over the B * N positions of the unpadded batch (0 when N = 0).
+            positions = targets["region_positions"].clamp_min(1)
+            official = cfg.confidence_weighting == "official"
             for name, field in (("obj", "obj_logits"), ("attr", "attr_logits")):
                 if name not in cfg.visual_losses:
                     continue
                 logits = _required(out, field)
-                labels = targets[f"{name}_labels"]
-                loss = region_class_loss(
-                    logits, labels, targets[f"{name}_weight"], reduction=reduction
-                )
+                labels, weight = targets[f"{name}_labels"], targets[f"{name}_weight"]
+                if official:
+                    loss = region_class_loss(logits, labels, weight, reduction="sum") / positions
+                else:
+                    loss = region_class_loss(logits, labels, weight, reduction="weighted_mean")
                 losses[f"loss_{name}"] = loss * cfg.visual_loss_weight
                 metrics[f"{name}_acc"] = accuracy(logits, labels, masked)
             if "feat" in cfg.visual_losses:
                 pred = _required(out, "feat_prediction")
                 # Always the official mean over all B * N positions of loss * mask.
                 loss = feature_regression_loss(
-                    pred, targets["feat_target"], masked, reduction="mean"
-                )
+                    pred, targets["feat_target"], masked, reduction="sum"
+                ) / positions
                 losses["loss_feat"] = loss * cfg.visual_loss_weight
         if cfg.qa:
             logits, labels = _required(out, "question_answering_score"), targets["qa_labels"]

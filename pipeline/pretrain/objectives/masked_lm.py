@@ -1,9 +1,11 @@
 """Masked LM scored only where a token is masked: the model's MaskedLMHead projects onto the
-vocabulary (30522 wordpieces) just the M masked tokens, not all B * T (for a small model that
+vocabulary (30522 wordpieces) just the K gathered tokens, not all B * T (for a small model that
 projection, its softmax and their gradients were most of the step).
 
-An objective passes `mlm_positions(labels)` to the model as `mlm_positions`, which then returns
-logits (M, V) in row-major order of the masked tokens, and scores them with `masked_lm_terms`.
+An objective's make_batch passes `mlm_index` (K,) to the model (PretrainObjective.masked_tokens:
+the masked tokens' flat positions, padded to a capacity with static shapes), which then returns
+logits (K, V), and keeps their labels `mlm_labels` (K,), IGNORE_INDEX in the padding;
+`masked_lm_terms` scores them. An index's size is its shape: no step waits for the host to count.
 """
 
 from __future__ import annotations
@@ -14,32 +16,20 @@ from model.heads import IGNORE_INDEX, masked_lm_loss
 from pipeline.train.batch import accuracy
 
 
-def mlm_positions(labels: torch.Tensor) -> torch.Tensor:
-    """labels (B, T) long, IGNORE_INDEX where not masked -> (B, T) bool, True where masked."""
-    return labels != IGNORE_INDEX
-
-
 def masked_lm_terms(
     logits: torch.Tensor, labels: torch.Tensor
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """(loss, (correct, count)) of the masked LM: mean cross-entropy over the masked tokens (0 when
-    none is), and the argmax accuracy over them.
+    """(loss, (correct, count)) of the masked LM: mean cross-entropy over the labelled entries,
+    0 when there is none (still reaching the head's parameters, so that every DDP rank reduces the
+    same gradients whatever its batch drew), and the argmax accuracy over them, float tensors.
 
-    logits: (M, V) at mlm_positions(labels) in row-major order, or (B, T, V) over every token (a
-    model called without mlm_positions); labels (B, T) long, IGNORE_INDEX where not masked.
+    logits (K, V) at the gathered tokens, labels (K,) long, IGNORE_INDEX where not masked.
     """
-    positions = mlm_positions(labels)
-    if logits.dim() == labels.dim() + 1 and logits.shape[:-1] == labels.shape:
-        logits = logits[positions]  # (M, V)
-    elif logits.dim() != 2 or logits.shape[0] != int(positions.sum()):
+    if logits.dim() != 2 or logits.shape[0] != labels.shape[0] or labels.dim() != 1:
         raise ValueError(
-            f"masked-LM logits {tuple(logits.shape)} are neither (M, V) for the "
-            f"{int(positions.sum())} masked tokens nor (B, T, V) for labels {tuple(labels.shape)}"
+            f"masked-LM logits {tuple(logits.shape)} are not (K, V) for the K = "
+            f"{tuple(labels.shape)} gathered labels"
         )
-    target = labels[positions]  # (M,)
-    loss = masked_lm_loss(logits, target)
-    if target.numel() == 0:
-        # Nothing masked: the loss is 0 but must still reach the head's parameters, so that every
-        # DDP rank reduces the same gradients whatever its batch drew.
-        loss = loss + logits.sum() * 0
-    return loss, accuracy(logits, target, torch.ones_like(target, dtype=torch.bool))
+    # a sum over the entries divided by their count (at least 1): never a mean over nothing (NaN),
+    # and in the graph even for K = 0
+    return masked_lm_loss(logits, labels), accuracy(logits, labels, labels != IGNORE_INDEX)

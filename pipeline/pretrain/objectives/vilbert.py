@@ -36,18 +36,23 @@ import torch
 from torch import nn
 
 from model.heads import kl_divergence_loss, matching_loss
-from pipeline.common.text import encode_texts
 from pipeline.corpus.pairs import Pair
-from pipeline.pretrain.objectives.base import PretrainObjective, check_rows, choose_other_rows, mask_tokens
-from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
+from pipeline.pretrain.objectives.base import (
+    PretrainObjective,
+    check_rows,
+    choose_other_rows,
+    mask_tokens,
+    uniform,
+)
+from pipeline.pretrain.objectives.masked_lm import masked_lm_terms
 from pipeline.pretrain.objectives.vlbert import (
+    gathered_regions,
     maskable_tokens,
     require_cls_probs,
     soft_region_accuracy,
     soft_region_loss,
 )
 from pipeline.train.batch import TrainBatch, accuracy
-from shards.batch import collate_regions
 from shards.schema import Sample
 
 
@@ -99,32 +104,34 @@ class VilBertObjective(PretrainObjective):
         word or region masked, Objective.make_batch).
 
         inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D) with the
-        zeroed regions, boxes (B, N, 4), region_mask (B, N); mlm_positions (B, T) bool, the
-        chosen tokens (only they are scored with the vocabulary), when mlm.
-        targets: mlm_labels (B, T) (IGNORE_INDEX where not chosen); region_labelled (B, N) bool
-        (the M chosen regions) and region_targets (M, 1601), row-major order, when mrm;
-        align_labels (B,) long 1 aligned / 0 not, when align.
+        zeroed regions, boxes (B, N, 4), region_mask (B, N) or None (static shapes, every region
+        real); mlm_index (M,) long, the chosen tokens' positions b * T + t padded with 0
+        (PretrainObjective.masked_tokens; only they are scored with the vocabulary), when mlm.
+        targets: mlm_labels (M,) (IGNORE_INDEX in the padding), when mlm; region_index (R,),
+        region_targets (R, 1601) and region_weight (R,), the chosen regions gathered
+        (`gathered_regions`), when mrm; align_labels (B,) long 1 aligned / 0 not, when align.
         """
         c = self.config
         check_rows(pairs, samples)
-        regions = collate_regions(samples, max_boxes=self.max_boxes)
+        regions = self.collate(samples)
         if c.mrm:
             require_cls_probs(samples, regions.cls_probs, "ViLBERT's masked region modelling")
         sentences, aligned = self._swap_captions(pairs, rng)  # aligned (B,) bool
         masked_rows = aligned | c.mask_negatives  # (B,)
 
-        text = encode_texts(self.tokenizer, sentences, self.max_text_length)
+        text = self.encode(sentences)
         maskable = maskable_tokens(self.tokenizer, text["input_ids"], text["attention_mask"])
+        word_prob = 0.0 if whole else c.word_mask_prob
         input_ids, mlm_labels = mask_tokens(
             text["input_ids"], maskable & masked_rows[:, None] & c.mlm, rng,
-            prob=0.0 if whole else c.word_mask_prob, mask_id=self.tokenizer.mask_token_id,
-            vocab_size=len(self.tokenizer))
+            prob=word_prob, mask_id=self.tokenizer.mask_token_id,
+            vocab_size=len(self.tokenizer), width=self.max_text_length)
 
         real = regions.region_mask.bool() & masked_rows[:, None]  # (B, N)
         shape = tuple(real.shape)
         region_prob = 0.0 if whole else c.region_mask_prob
-        labelled = torch.from_numpy(rng.random(shape) < region_prob) & real & c.mrm
-        zeroed = labelled & torch.from_numpy(rng.random(shape) < c.region_zero_prob)
+        labelled = (uniform(rng, shape, self.max_boxes) < region_prob) & real & c.mrm
+        zeroed = labelled & (uniform(rng, shape, self.max_boxes) < c.region_zero_prob)
 
         inputs = {
             "input_ids": input_ids,
@@ -132,14 +139,14 @@ class VilBertObjective(PretrainObjective):
             "token_type_ids": text["token_type_ids"],
             "features": regions.features.masked_fill(zeroed[..., None], 0.0),
             "boxes": regions.boxes_xyxy_norm,
-            "region_mask": regions.region_mask,
+            "region_mask": self.region_mask_input(regions.region_mask),
         }
+        targets = {}
         if c.mlm:
-            inputs["mlm_positions"] = mlm_positions(mlm_labels)  # (B, T)
-        targets = {"mlm_labels": mlm_labels}
+            inputs["mlm_index"], targets["mlm_labels"] = self.masked_tokens(mlm_labels, word_prob)
         if c.mrm:
-            targets["region_labelled"] = labelled
-            targets["region_targets"] = regions.cls_probs[labelled]  # (M, 1601)
+            index, valid = self.slots(labelled, region_prob)
+            targets.update(gathered_regions(regions.cls_probs, index, valid))
         if c.align:
             targets["align_labels"] = aligned.long()
         return TrainBatch(inputs=inputs, targets=targets, size=len(pairs))
@@ -168,21 +175,22 @@ class VilBertObjective(PretrainObjective):
         distribution, mean over the chosen regions), loss_align (cross-entropy, mean over rows);
         mlm_acc, mrm_acc, align_acc. A task with nothing to score gives 0 and (0, 0).
 
-        With inputs["mlm_positions"] the model scores only those M tokens, (M, V), and the
-        labels are taken at the same positions: the values are those of full (B, T, V) logits;
-        M = 0 gives 0 with the head still in the graph (DDP)."""
+        The model scores only the M gathered tokens, (M, V), and the region logits are gathered
+        at region_index: the values are those of the full logits at the chosen positions, with
+        no host sync; nothing chosen gives 0 with the heads still in the graph (DDP)."""
         c, t = self.config, batch.targets
         out = model(**batch.inputs)
         losses: dict[str, torch.Tensor] = {}
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        if c.mlm:  # logits (M, V), or (B, T, V) without mlm_positions
+        if c.mlm:  # logits (M, V)
             losses["loss_mlm"], metrics["mlm_acc"] = masked_lm_terms(
                 out.lang_prediction_logits, t["mlm_labels"]
             )
         if c.mrm:
-            logits = out.region_class_logits[t["region_labelled"]]  # (M, C)
-            losses["loss_mrm"] = soft_region_loss(kl_divergence_loss, logits, t["region_targets"])
-            metrics["mrm_acc"] = soft_region_accuracy(logits, t["region_targets"])
+            logits = out.region_class_logits.flatten(0, 1).index_select(0, t["region_index"])
+            probs, weight = t["region_targets"], t["region_weight"]  # (R, C), (R,)
+            losses["loss_mrm"] = soft_region_loss(kl_divergence_loss, logits, probs, weight)
+            metrics["mrm_acc"] = soft_region_accuracy(logits, probs, weight)
         if c.align:
             scores, labels = out.cross_relationship_score, t["align_labels"]  # (B, 2), (B,)
             losses["loss_align"] = matching_loss(scores, labels)

@@ -24,12 +24,15 @@ import torch
 from torch import nn
 
 from model.heads import matching_loss
-from pipeline.common.text import encode_texts
 from pipeline.corpus.pairs import Pair
-from pipeline.pretrain.objectives.base import PretrainObjective, check_rows, choose_other_rows, mask_tokens
-from pipeline.pretrain.objectives.masked_lm import masked_lm_terms, mlm_positions
+from pipeline.pretrain.objectives.base import (
+    PretrainObjective,
+    check_rows,
+    choose_other_rows,
+    mask_tokens,
+)
+from pipeline.pretrain.objectives.masked_lm import masked_lm_terms
 from pipeline.train.batch import TrainBatch, accuracy
-from shards.batch import collate_regions
 from shards.schema import Sample
 
 
@@ -59,11 +62,12 @@ class VisualBertObjective(PretrainObjective):
     """Masked LM and sentence-image prediction, for VisualBertForPreTraining.
 
     TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
-    boxes (B, N, 4) (VisualBERT ignores them), region_mask (B, N); with the MLM task,
-    mlm_positions (B, T) bool, the masked tokens, the only ones the model's MLM head then scores
-    (logits (M, V)).
-    TrainBatch.targets, present when their task is on: mlm_labels (B, T) long, IGNORE_INDEX where
-    not masked; match_labels (B,) long, 1 when c2 also describes the image.
+    boxes (B, N, 4) (VisualBERT ignores them), region_mask (B, N), or None (static shapes, every
+    region real); with the MLM task, mlm_index (M,) long, the masked tokens' positions b * T + t,
+    padded with 0 (PretrainObjective.masked_tokens), the only ones the model's MLM head then
+    scores (logits (M, V)).
+    TrainBatch.targets, present when their task is on: mlm_labels (M,) long, the tokens' ids,
+    IGNORE_INDEX in the padding; match_labels (B,) long, 1 when c2 also describes the image.
     """
 
     @staticmethod
@@ -84,30 +88,34 @@ class VisualBertObjective(PretrainObjective):
             text = self._encode_pairs(first, second)
             targets["match_labels"] = torch.tensor(matched, dtype=torch.long)
         else:
-            text = encode_texts(self.tokenizer, first, self.max_text_length)
+            text = self.encode(first)
         input_ids = text["input_ids"]  # (B, T)
+        regions = self.collate(samples)
+        inputs = {**text, **regions.model_inputs()}
+        inputs["region_mask"] = self.region_mask_input(regions.region_mask)
         if cfg.mlm:
             maskable = ~torch.isin(input_ids, self.special_ids) & text["attention_mask"].bool()
-            input_ids, targets["mlm_labels"] = mask_tokens(
+            word_prob = 0.0 if whole else cfg.word_mask_prob
+            input_ids, labels = mask_tokens(
                 input_ids,
                 maskable,
                 rng,
-                prob=0.0 if whole else cfg.word_mask_prob,
+                prob=word_prob,
                 mask_id=self.tokenizer.mask_token_id,
                 vocab_size=len(self.tokenizer),
+                width=self.max_text_length,
             )
-        regions = collate_regions(samples, max_boxes=self.max_boxes)
-        inputs = {**text, "input_ids": input_ids, **regions.model_inputs()}
-        if cfg.mlm:
-            inputs["mlm_positions"] = mlm_positions(targets["mlm_labels"])  # (B, T) bool
+            inputs["mlm_index"], targets["mlm_labels"] = self.masked_tokens(labels, word_prob)
+        inputs["input_ids"] = input_ids
         return TrainBatch(inputs=inputs, targets=targets, size=len(pairs))
 
     def _encode_pairs(self, first: list[str], second: list[str]) -> dict[str, torch.Tensor]:
-        """[CLS] c1 [SEP] c2 [SEP], token types 0 / 1, padded to the longest: (B, T) long each."""
+        """[CLS] c1 [SEP] c2 [SEP], token types 0 / 1, padded to the longest (to max_text_length
+        with static shapes): (B, T) long each."""
         encoded = self.tokenizer(
             first,
             second,
-            padding="longest",
+            padding="max_length" if self.static_shapes else "longest",
             truncation="longest_first",
             max_length=self.max_text_length,
             return_tensors="pt",

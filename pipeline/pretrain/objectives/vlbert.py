@@ -39,12 +39,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.heads import IGNORE_INDEX, masked_lm_loss, soft_cross_entropy
-from pipeline.common.text import encode_texts
+from model.heads import IGNORE_INDEX, soft_cross_entropy
 from pipeline.corpus.pairs import Pair
-from pipeline.pretrain.objectives.base import PretrainObjective, check_rows, mask_tokens
+from pipeline.pretrain.objectives.base import (
+    PretrainObjective,
+    check_rows,
+    gathered_labels,
+    mask_tokens,
+    uniform,
+)
+from pipeline.pretrain.objectives.masked_lm import masked_lm_terms
 from pipeline.train.batch import TrainBatch, accuracy
-from shards.batch import collate_regions
 from shards.schema import Sample
 
 
@@ -92,60 +97,62 @@ class VlBertObjective(PretrainObjective):
         RoI masked (Objective.make_batch).
 
         inputs: input_ids, attention_mask, token_type_ids (B + P, T); features (B + P, N, D),
-        boxes (B + P, N, 4), region_mask (B + P, N) (passage rows: all 0); masked_regions
-        (B + P, N) bool, when mvrc; mlm_positions (B + P, T) bool, the tokens labelled for either
-        masked LM (only they are scored with the vocabulary), when mlm or text_mlm.
-        targets: mlm_labels (B + P, T) (caption rows only, else IGNORE_INDEX), text_mlm_labels
-        (B + P, T) (passage rows only), region_labelled (B + P, N) bool (the M RoIs to classify),
-        region_targets (M, 1601): their detector distributions, row-major order.
+        boxes (B + P, N, 4), region_mask (B + P, N) (passage rows: all 0; None with static
+        shapes when every region is real and there is no passage); masked_regions (B + P, N)
+        bool, when mvrc; mlm_index (M,) long, the positions b * T + t of the tokens labelled for
+        either masked LM, padded with 0 (PretrainObjective.masked_tokens; only they are scored
+        with the vocabulary), when mlm or text_mlm.
+        targets: mlm_labels (M,) (caption rows' tokens, else IGNORE_INDEX) and text_mlm_labels
+        (M,) (passage rows' tokens), when mlm or text_mlm; region_index (R,), region_targets
+        (R, 1601) and region_weight (R,), the RoIs to classify (`gathered_regions`), when mvrc.
         """
         c = self.config
         check_rows(pairs, samples)
-        regions = collate_regions(samples, max_boxes=self.max_boxes)
+        regions = self.collate(samples)
         if c.mvrc:
             require_cls_probs(samples, regions.cls_probs, "VL-BERT's masked RoI classification")
         passages = list(texts) if c.text_mlm and texts else []
         B, P = len(pairs), len(passages)
 
         # --- text: captions then passages, one padded (B + P, T) block
-        text = encode_texts(self.tokenizer, [p.sentence for p in pairs] + passages,
-                            self.max_text_length)
+        text = self.encode([p.sentence for p in pairs] + passages)
         is_caption = torch.arange(B + P) < B  # (B + P,)
         rows = (is_caption & c.mlm) | (~is_caption & c.text_mlm)
         maskable = maskable_tokens(self.tokenizer, text["input_ids"], text["attention_mask"])
+        word_prob = 0.0 if whole else c.word_mask_prob
         input_ids, labels = mask_tokens(
-            text["input_ids"], maskable & rows[:, None], rng,
-            prob=0.0 if whole else c.word_mask_prob,
-            mask_id=self.tokenizer.mask_token_id, vocab_size=len(self.tokenizer))
-        ignore = torch.full_like(labels, IGNORE_INDEX)
+            text["input_ids"], maskable & rows[:, None], rng, prob=word_prob,
+            mask_id=self.tokenizer.mask_token_id, vocab_size=len(self.tokenizer),
+            width=self.max_text_length)
 
         # --- regions: RoIs chosen among the caption rows' real regions
         real = regions.region_mask.bool()  # (B, N)
         region_prob = 0.0 if whole else c.region_mask_prob
-        labelled = torch.from_numpy(rng.random(tuple(real.shape)) < region_prob) & real
-        replaced = labelled & torch.from_numpy(
-            rng.random(tuple(real.shape)) >= c.region_unmasked_prob)
-        if not c.mvrc:
-            labelled = replaced = torch.zeros_like(real)
+        labelled = (uniform(rng, tuple(real.shape), self.max_boxes) < region_prob) & real
+        replaced = labelled & (
+            uniform(rng, tuple(real.shape), self.max_boxes) >= c.region_unmasked_prob)
 
+        region_mask = pad_rows(regions.region_mask, P)
         inputs = {
             "input_ids": input_ids,
             "attention_mask": text["attention_mask"],
             "token_type_ids": text["token_type_ids"],
             "features": pad_rows(regions.features, P),
             "boxes": pad_rows(regions.boxes_xyxy_norm, P),
-            "region_mask": pad_rows(regions.region_mask, P),
+            "region_mask": self.region_mask_input(region_mask),
         }
-        targets = {
-            "mlm_labels": torch.where(is_caption[:, None], labels, ignore),
-            "text_mlm_labels": torch.where(is_caption[:, None], ignore, labels),
-        }
-        if c.mlm or c.text_mlm:
-            inputs["mlm_positions"] = labels != IGNORE_INDEX  # (B + P, T): both tasks' tokens
+        targets = {}
+        if c.mlm or c.text_mlm:  # one gather of both tasks' tokens, each labelling its own
+            index, valid = self.slots(labels != IGNORE_INDEX, word_prob)
+            inputs["mlm_index"] = index
+            ignore = torch.full_like(labels, IGNORE_INDEX)
+            for task, own in (("mlm", is_caption[:, None]), ("text_mlm", ~is_caption[:, None])):
+                targets[f"{task}_labels"] = gathered_labels(
+                    torch.where(own, labels, ignore), index, valid)
         if c.mvrc:
             inputs["masked_regions"] = pad_rows(replaced, P)
-            targets["region_labelled"] = pad_rows(labelled, P)
-            targets["region_targets"] = regions.cls_probs[labelled]  # (M, 1601)
+            index, valid = self.slots(pad_rows(labelled, P), region_prob)
+            targets.update(gathered_regions(regions.cls_probs, index, valid))
         return TrainBatch(inputs=inputs, targets=targets, size=B)
 
     def compute(
@@ -155,27 +162,25 @@ class VlBertObjective(PretrainObjective):
         loss_mvrc (soft cross-entropy, mean over the chosen RoIs); mlm_acc, text_mlm_acc,
         mvrc_acc. A task with nothing to score in this batch gives 0 and (0, 0).
 
-        With inputs["mlm_positions"] the model scores only those M tokens, (M, V); each task's
-        labels are taken at the same positions, so the caption rows' and the passages' entries
-        split by their own labels (IGNORE_INDEX at the other task's tokens). The values are those
-        of full (B + P, T, V) logits; M = 0 gives 0 with the head still in the graph (DDP)."""
+        The model scores only the M gathered tokens, (M, V); each task's labels line up with
+        them, so the caption rows' and the passages' entries split by their own labels
+        (IGNORE_INDEX at the other task's tokens). The region logits are gathered at
+        region_index. The values are those of the full logits at the chosen positions, with no
+        host sync; nothing chosen gives 0 with the heads still in the graph (DDP)."""
         c, t = self.config, batch.targets
         out = model(**batch.inputs)
-        positions = batch.inputs.get("mlm_positions")  # (B + P, T) bool or None
-        word_logits = out.lang_prediction_logits  # (M, V), or (B + P, T, V) without positions
+        word_logits = out.lang_prediction_logits  # (M, V)
         losses: dict[str, torch.Tensor] = {}
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for task, enabled in (("mlm", c.mlm), ("text_mlm", c.text_mlm)):
             if enabled:
-                labels = t[f"{task}_labels"]
-                if positions is not None:
-                    labels = labels[positions]  # (M,), lined up with the logits
-                losses[f"loss_{task}"] = masked_lm_loss(word_logits, labels)
-                metrics[f"{task}_acc"] = accuracy(word_logits, labels, labels != IGNORE_INDEX)
+                losses[f"loss_{task}"], metrics[f"{task}_acc"] = masked_lm_terms(
+                    word_logits, t[f"{task}_labels"])
         if c.mvrc:
-            logits = out.region_class_logits[t["region_labelled"]]  # (M, C)
-            losses["loss_mvrc"] = soft_region_loss(soft_cross_entropy, logits, t["region_targets"])
-            metrics["mvrc_acc"] = soft_region_accuracy(logits, t["region_targets"])
+            logits = out.region_class_logits.flatten(0, 1).index_select(0, t["region_index"])
+            probs, weight = t["region_targets"], t["region_weight"]  # (R, C), (R,)
+            losses["loss_mvrc"] = soft_region_loss(soft_cross_entropy, logits, probs, weight)
+            metrics["mvrc_acc"] = soft_region_accuracy(logits, probs, weight)
         return losses, metrics
 
 
@@ -204,16 +209,28 @@ def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros((rows, *x.shape[1:]))]) if rows else x
 
 
-def soft_region_loss(loss_fn, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
-    """Mean of `loss_fn` (soft_cross_entropy / kl_divergence_loss) over M regions: (M, C), (M, C).
-    0 when M = 0 (still attached to the graph)."""
-    weight = probs.new_ones(1, probs.shape[0])
-    return loss_fn(logits[None], probs[None], weight)
+def gathered_regions(
+    cls_probs: torch.Tensor, index: torch.Tensor, valid: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """The targets of chosen regions gathered by PretrainObjective.slots: cls_probs (B, N, C),
+    index (R,) positions b * N + n, valid (R,) bool -> region_index (R,), region_targets (R, C),
+    the distributions (zero rows in the padding), region_weight (R,) float, 1 valid / 0 padding."""
+    targets = cls_probs.flatten(0, 1)[index] * valid[:, None]
+    return {"region_index": index, "region_targets": targets, "region_weight": valid.float()}
+
+
+def soft_region_loss(
+    loss_fn, logits: torch.Tensor, probs: torch.Tensor, weight: torch.Tensor
+) -> torch.Tensor:
+    """Mean of `loss_fn` (soft_cross_entropy / kl_divergence_loss) over the R gathered regions
+    whose weight is 1: logits, probs (R, C), weight (R,) 1 / 0. 0 when none is (still attached
+    to the graph)."""
+    return loss_fn(logits[None], probs[None], weight[None])
 
 
 def soft_region_accuracy(
-    logits: torch.Tensor, probs: torch.Tensor
+    logits: torch.Tensor, probs: torch.Tensor, weight: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(correct, count): argmax of the prediction (M, C) vs argmax of the distribution (M, C)."""
-    labels = probs.argmax(-1)
-    return accuracy(logits, labels, torch.ones_like(labels, dtype=torch.bool))
+    """(correct, count) over the regions of weight 1: argmax of the prediction (R, C) vs argmax
+    of the distribution (R, C)."""
+    return accuracy(logits, probs.argmax(-1), weight)
