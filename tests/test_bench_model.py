@@ -91,3 +91,36 @@ def test_entry_runs_without_the_cli_ray_or_webdataset(monkeypatch, tmp_path):
     assert front.main(["--arch", "lxmert", *TINY_RUN, "--json", str(out)]) == 0
     assert "pipeline.cli" not in sys.modules and "pipeline.common.config" not in sys.modules
     assert json.loads(out.read_text())["ratio"] > 0
+
+
+def test_loop_mode_times_the_pretraining_loop_against_the_model_alone(tmp_path):
+    """--loop: the loop (batches built by one data worker) and the model alone on a resident
+    batch do the same work per step (FLOPs); the loop's training process makes no host sync in a
+    step, and the model alone waits for no data."""
+    out = tmp_path / "bench.json"
+    assert main(["bench", "model", "--arch", "lxmert", *TINY_RUN, "--loop", "--data-workers", "1",
+                 "--shapes", "static", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())["loop"]
+    loop, alone = report["results"]
+    assert (loop["run"], alone["run"]) == ("loop", "model alone")
+    assert (report["data_workers"], report["shapes"]) == (1, "static")
+    assert loop["gflop_per_step"] == alone["gflop_per_step"] > 0
+    assert loop["syncs_per_step"] == 0, loop["sync_ops"]
+    assert alone["syncs_per_step"] == 0, alone["sync_ops"]
+    assert alone["data_wait_ms_per_step"] == 0 < loop["data_wait_ms_per_step"]
+    assert loop["ops_per_step"] > alone["ops_per_step"]  # the loss sums, the divergence check
+    assert len(loop["round_samples_per_s"]) == 2 and report["loop_over_model"] > 0
+    assert report["model_over_transformers"] > 0
+
+
+def test_loop_mode_runs_without_ray_or_webdataset(monkeypatch, tmp_path):
+    """The GPU box has no Ray: `python -m pipeline.bench.model --loop` must not need it."""
+    for name in list(sys.modules):
+        if name.partition(".")[0] in ("pipeline", "model", "shards", "ray", "webdataset"):
+            monkeypatch.delitem(sys.modules, name)
+    for blocked in ("ray", "webdataset"):
+        monkeypatch.setitem(sys.modules, blocked, None)
+    front = importlib.import_module("pipeline.bench.model")
+    out = tmp_path / "bench.json"
+    assert front.main(["--arch", "lxmert", *TINY_RUN, "--loop", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["loop"]["results"][0]["samples_per_s"] > 0

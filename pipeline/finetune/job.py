@@ -29,6 +29,7 @@ from pipeline.finetune.config import FinetuneConfig, config_from_dict
 from pipeline.finetune.data import EvalStream, Features, TaskStream, task_examples
 from pipeline.finetune.examples import Example
 from pipeline.finetune.objective import task_objective
+from pipeline.train.config import static_shapes
 from pipeline.train.job import Job
 from pipeline.train.loop import count_steps
 
@@ -154,7 +155,9 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
     if rank == 0:
         print(f"{config.task}: {len(train)} training, {len(val)} validation examples"
               + (f", {len(vocab)} answers" if vocab is not None else ""))
-    objective = task_objective(tokenizer, vocab, data)
+    device = pick_device(config.run.device)
+    objective = task_objective(tokenizer, vocab, data,
+                               static_shapes=static_shapes(config.run, device))
     micro = config.micro_batch
 
     def export(module: nn.Module) -> tuple[str, object, dict]:
@@ -163,7 +166,7 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
     return Job(
         name=f"finetune {config.task}",
         config=config,
-        device=pick_device(config.run.device),
+        device=device,
         module=module,
         objective=objective,
         train=TaskStream(train, features, batch_size=micro, rank=rank, world_size=world,

@@ -19,6 +19,7 @@ from pipeline.corpus.read import load_answers, load_pairs
 from pipeline.pretrain.data import JoinError, PretrainStream, TextStream, ValidationStream
 from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.job import Job
+from pipeline.train.config import static_shapes
 from pipeline.train.loop import count_steps
 from shards.reader import iter_samples, list_shards
 from shards.storage import as_path
@@ -89,9 +90,10 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         num_answers=len(load_answers(corpus)),
     )
     arch = ARCHS[config.arch]
+    device = pick_device(config.run.device)
     objective = OBJECTIVES[config.arch][1](
         config.objective, tokenizer, max_text_length=data.max_text_length,
-        max_boxes=data.max_boxes,
+        max_boxes=data.max_boxes, static_shapes=static_shapes(config.run, device),
     )
     val = ValidationStream(
         shards,
@@ -128,7 +130,7 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
     return Job(
         name=f"pretrain {config.arch}",
         config=config,
-        device=pick_device(config.run.device),
+        device=device,
         module=module,
         objective=objective,
         train=train,
