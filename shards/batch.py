@@ -87,12 +87,15 @@ class RegionBatch:
 
 
 def collate_regions(
-    samples: Sequence[Sample], *, max_boxes: int | None = None, pad_to: int | None = None
+    samples: Sequence[Sample], *, max_boxes: int | None = None, pad_to: int | None = None,
+    features_dtype: torch.dtype = torch.float32,
 ) -> RegionBatch:
     """One RegionBatch from shard Samples (see the module docstring for what happens to each).
 
     max_boxes: keep at most this many regions per sample (the first, best-ranked ones).
     pad_to: N of the batch; every sample must fit in it after max_boxes (else ValueError).
+    features_dtype: float16 keeps the shards' values as they are stored, for a batch that is
+    copied to a GPU and cast there (half the bytes); float32 by default.
     Raises SchemaError (a ValueError) naming the sample key when samples disagree on the feature
     dimension or a sample's arrays disagree with its num_boxes.
     """
@@ -121,7 +124,7 @@ def collate_regions(
     batch, dim = len(samples), dims[0]
     with_probs = all("cls_probs" in s.arrays for s in samples)
 
-    features = torch.zeros(batch, n_max, dim, dtype=torch.float32)
+    features = torch.zeros(batch, n_max, dim, dtype=features_dtype)
     boxes = torch.zeros(batch, n_max, 4, dtype=torch.float32)
     mask = torch.zeros(batch, n_max, dtype=torch.long)
     object_ids = torch.full((batch, n_max), _PAD_IDS, dtype=torch.long)

@@ -52,13 +52,15 @@ def pretrain_rows(count: int, seed: int = 0, boxes: tuple[int, int] | None = Non
     return pairs, samples, [sentence(rng, "passage") for _ in range(3)]
 
 
-def objective(arch: str, tokenizer, static_shapes: bool, **config):
+def objective(arch: str, tokenizer, static_shapes: bool, float16_features: bool = False,
+              **config):
     """The arch's pretraining objective, QA on from epoch 0 for LXMERT."""
     config_type, objective_type = OBJECTIVES[arch]
     if arch == "lxmert":
         config = {"qa_from_epoch": 0, **config}
     return objective_type(config_type(**config), tokenizer, max_text_length=MAX_TEXT,
-                          max_boxes=MAX_BOXES, static_shapes=static_shapes)
+                          max_boxes=MAX_BOXES, static_shapes=static_shapes,
+                          float16_features=float16_features)
 
 
 def model_config(arch: str, tokenizer, dropout: float):

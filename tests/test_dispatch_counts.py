@@ -1,5 +1,6 @@
 """The host-sync and kernel counter of the benchmarks, on ops whose counts are known."""
 
+import pytest
 import torch
 import torchvision
 
@@ -42,3 +43,17 @@ def test_nms_and_the_extractors_fetch_are_syncs():
     found = counts(lambda: fetch({"a": X, "b": X * 2, "c": X.sum()}, "test"))
     assert found[1:] == (1, {"profiler::_record_function_enter_new": 1})
     assert counts(lambda: torch.profiler.record_function("other range").__enter__())[1] == 0
+
+
+@pytest.mark.gpu
+def test_blocking_copies_to_and_from_the_gpu_are_syncs_non_blocking_ones_not():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    host = torch.ones(4).pin_memory()
+    _, counts = count_dispatch(lambda: host.to("cuda"))
+    assert counts.syncs == 1
+    _, counts = count_dispatch(lambda: host.to("cuda", non_blocking=True))
+    assert counts.syncs == 0
+    device = torch.ones(4, device="cuda")
+    _, counts = count_dispatch(lambda: device.cpu())
+    assert counts.syncs == 1

@@ -1,9 +1,17 @@
-"""The training feed's parts: the micro-batch schedule and the float16 transfer of batches."""
+"""The training feed's parts: the micro-batch schedule, and batches with float16 features."""
 
+import numpy as np
+import pytest
 import torch
+from step_rows import ARCH_NAMES, objective, pretrain_rows
 
-from pipeline.train.batch import TrainBatch
+from pipeline.common.text import load_tokenizer
 from pipeline.train.feed import Micro, schedule
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer()
 
 
 def test_schedule_follows_epochs_accumulation_and_the_last_step():
@@ -18,21 +26,22 @@ def test_schedule_follows_epochs_accumulation_and_the_last_step():
     assert list(schedule(steps, 1, step=4, epoch=0, micro=4, total_steps=4)) == []
 
 
-def test_for_transfer_halves_only_what_float16_holds_exactly():
-    features = torch.randn(4, 36, 64).half().float()  # shard features: float16 values
-    noisy = features + 1e-4  # not float16 numbers
-    batch = TrainBatch(
-        inputs={"features": features, "ids": torch.arange(2048)},
-        targets={"noisy": noisy, "small": torch.zeros(3)}, size=4,
-    )
-    sent = batch.for_transfer()
-    assert sent.halved == {"inputs.features"}
-    assert sent.inputs["features"].dtype == torch.float16
-    assert sent.targets["noisy"].dtype == torch.float32
-    back = sent.pin_memory().to("cpu", non_blocking=True) if torch.cuda.is_available() else (
-        sent.to("cpu"))
-    assert back.halved == frozenset()
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_float16_features_arrive_as_the_float32_batch(arch, tokenizer):
+    """A batch built with float16 region features (for a GPU: half the bytes to copy) is, after
+    `to`, the float32 batch exactly: every tensor equal, in dtype and value."""
+    pairs, samples, passages = pretrain_rows(12)
+    batches = []
+    for half in (False, True):
+        built = objective(arch, tokenizer, static_shapes=True, float16_features=half)
+        rng = np.random.default_rng(5)
+        batches.append(built.make_batch(pairs, samples, rng, epoch=0, texts=passages))
+    full, half = batches
+    assert half.inputs["features"].dtype == torch.float16
+    arrived = half.to("cpu")
     for part in ("inputs", "targets"):
-        for name, value in getattr(batch, part).items():
-            got = getattr(back, part)[name]
-            assert got.dtype == value.dtype and torch.equal(got, value), name
+        want, got = getattr(full, part), getattr(arrived, part)
+        assert want.keys() == got.keys()
+        for name, value in want.items():
+            if isinstance(value, torch.Tensor):
+                assert got[name].dtype == value.dtype and torch.equal(got[name], value), name

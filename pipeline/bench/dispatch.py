@@ -7,10 +7,11 @@
   (`_local_scalar_dense`: `.item()`, `bool()`, `int()`), ops whose output size depends on the data
   (`nonzero`, `masked_select`, boolean-mask indexing, `unique`, `repeat_interleave` with tensor
   repeats, torchvision's `nms`, whose CUDA kernel reads its mask on the host), `equal` (returns a
-  Python bool), blocking copies from a GPU to the host, and the waits of `extractor.host.fetch`
+  Python bool), blocking copies between the host and a GPU (either way: a tensor made from Python
+  data for a GPU waits too; `non_blocking` ones do not), and the waits of `extractor.host.fetch`
   (profiler ranges named "host sync: ...": its non-blocking copies are not waits themselves).
-The counts are the same on any device for the same code path, except the device-to-host copies,
-which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are not seen.
+The counts are the same on any device for the same code path, except the copies between host and
+device, which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are not seen.
 """
 
 from __future__ import annotations
@@ -62,8 +63,10 @@ def _is_sync(func, args: tuple, kwargs: dict) -> bool:
             return False
         source = args[1] if name == "aten::copy_" else args[0]
         target = args[0].device if name == "aten::copy_" else kwargs.get("device")
-        return (isinstance(source, torch.Tensor) and source.device.type == "cuda"
-                and target is not None and torch.device(target).type == "cpu")
+        if not isinstance(source, torch.Tensor) or target is None:
+            return False
+        # A blocking copy between host and GPU waits for the GPU's stream, either way.
+        return {source.device.type, torch.device(target).type} == {"cpu", "cuda"}
     return False
 
 

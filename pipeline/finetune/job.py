@@ -157,7 +157,8 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
               + (f", {len(vocab)} answers" if vocab is not None else ""))
     device = pick_device(config.run.device)
     objective = task_objective(tokenizer, vocab, data,
-                               static_shapes=static_shapes(config.run, device))
+                               static_shapes=static_shapes(config.run, device),
+                               float16_features=device.type == "cuda")
     micro = config.micro_batch
 
     def export(module: nn.Module) -> tuple[str, object, dict]:

@@ -38,10 +38,12 @@ class _Task:
     """What both tasks share: the tokenizer, the row sizes and how text and regions are batched."""
 
     def __init__(self, tokenizer, *, max_text_length: int, max_boxes: int,
-                 language_only: bool = False, static_shapes: bool = False) -> None:
+                 language_only: bool = False, static_shapes: bool = False,
+                 float16_features: bool = False) -> None:
         self.tokenizer = tokenizer
         self.max_text_length, self.max_boxes = max_text_length, max_boxes
         self.language_only, self.static_shapes = language_only, static_shapes
+        self.features_dtype = torch.float16 if float16_features else torch.float32
 
     def _text(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
         return encode_texts(self.tokenizer, [e.sentence for e in examples], self.max_text_length,
@@ -49,7 +51,8 @@ class _Task:
 
     def _regions(self, samples: Sequence[Sample]) -> RegionBatch:
         regions = collate_regions(samples, max_boxes=self.max_boxes,
-                                  pad_to=self.max_boxes if self.static_shapes else None)
+                                  pad_to=self.max_boxes if self.static_shapes else None,
+                                  features_dtype=self.features_dtype)
         if self.language_only:
             regions.features.zero_()
             regions.boxes_xyxy_norm.zero_()
@@ -64,9 +67,11 @@ class AnswerTask(_Task):
     """VQA / GQA: see the module docstring."""
 
     def __init__(self, tokenizer, vocab: AnswerVocab, *, max_text_length: int, max_boxes: int,
-                 language_only: bool = False, static_shapes: bool = False) -> None:
+                 language_only: bool = False, static_shapes: bool = False,
+                 float16_features: bool = False) -> None:
         super().__init__(tokenizer, max_text_length=max_text_length, max_boxes=max_boxes,
-                         language_only=language_only, static_shapes=static_shapes)
+                         language_only=language_only, static_shapes=static_shapes,
+                         float16_features=float16_features)
         self.vocab = vocab
 
     def make_batch(self, examples: Sequence[Example], samples: Sequence[tuple[Sample, ...]],
@@ -127,9 +132,10 @@ class PairTask(_Task):
         return ["True" if i == 1 else "False" for i in logits.argmax(-1).tolist()]
 
 
-def task_objective(tokenizer, vocab: AnswerVocab | None, data, *,
-                   static_shapes: bool = False) -> AnswerTask | PairTask:
+def task_objective(tokenizer, vocab: AnswerVocab | None, data, *, static_shapes: bool = False,
+                   float16_features: bool = False) -> AnswerTask | PairTask:
     """The objective of a run's TaskDataConfig `data`: PairTask without a vocabulary (NLVR2)."""
     kind = dict(max_text_length=data.max_text_length, max_boxes=data.max_boxes,
-                language_only=data.language_only, static_shapes=static_shapes)
+                language_only=data.language_only, static_shapes=static_shapes,
+                float16_features=float16_features)
     return PairTask(tokenizer, **kind) if vocab is None else AnswerTask(tokenizer, vocab, **kind)

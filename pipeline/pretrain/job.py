@@ -94,6 +94,7 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
     objective = OBJECTIVES[config.arch][1](
         config.objective, tokenizer, max_text_length=data.max_text_length,
         max_boxes=data.max_boxes, static_shapes=static_shapes(config.run, device),
+        float16_features=device.type == "cuda",
     )
     val = ValidationStream(
         shards,

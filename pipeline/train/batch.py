@@ -20,56 +20,32 @@ from shards.schema import Sample
 @dataclass
 class TrainBatch:
     """inputs: keyword arguments of the pretraining model's forward; targets: the labels and
-    weights its losses and metrics need; size: rows (pairs) in the batch. halved: the float32
-    tensors that travel as float16 (`for_transfer`), named "inputs.<key>" / "targets.<key>"."""
+    weights its losses and metrics need; size: rows (pairs) in the batch. A float16 tensor is the
+    shards' region features kept as stored, to halve the copy to a GPU (`float16_features` of the
+    objectives): `to` casts it to float32 on arrival, so the model sees what it would have."""
 
     inputs: dict[str, torch.Tensor]
     targets: dict[str, torch.Tensor]
     size: int
-    halved: frozenset[str] = frozenset()
 
     def _map(self, fn) -> TrainBatch:
-        def apply(part: str, d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return {k: fn(f"{part}.{k}", v) if isinstance(v, torch.Tensor) else v
-                    for k, v in d.items()}
+        def apply(d: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return {k: fn(v) if isinstance(v, torch.Tensor) else v for k, v in d.items()}
 
-        return TrainBatch(inputs=apply("inputs", self.inputs),
-                          targets=apply("targets", self.targets), size=self.size,
-                          halved=self.halved)
-
-    def for_transfer(self) -> TrainBatch:
-        """The batch with every float32 tensor whose values are all float16 numbers held as
-        float16 (region features come from float16 shards: half the bytes to copy), checked
-        value by value, so `to` gives back exactly the same float32 tensors."""
-        halved = set()
-
-        def shrink(name: str, t: torch.Tensor) -> torch.Tensor:
-            if t.dtype != torch.float32 or t.numel() < 1024:
-                return t
-            half = t.half()
-            if not torch.equal(half.float(), t):
-                return t
-            halved.add(name)
-            return half
-
-        batch = self._map(shrink)
-        batch.halved = frozenset(halved)
-        return batch
+        return TrainBatch(inputs=apply(self.inputs), targets=apply(self.targets), size=self.size)
 
     def pin_memory(self) -> TrainBatch:
         """Every tensor in page-locked memory (a DataLoader with pin_memory=True calls this)."""
-        return self._map(lambda name, t: t.pin_memory())
+        return self._map(lambda t: t.pin_memory())
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> TrainBatch:
-        """The batch on `device`, the halved tensors float32 again (cast there, after the copy)."""
+        """The batch on `device`, float16 tensors cast to float32 there (after the copy)."""
 
-        def move(name: str, t: torch.Tensor) -> torch.Tensor:
+        def move(t: torch.Tensor) -> torch.Tensor:
             t = t.to(device, non_blocking=non_blocking)
-            return t.float() if name in self.halved else t
+            return t.float() if t.dtype == torch.float16 else t
 
-        batch = self._map(move)
-        batch.halved = frozenset()
-        return batch
+        return self._map(move)
 
 
 class Objective(Protocol):

@@ -9,8 +9,8 @@ function of its place in the sequence, wherever it is built.
 With `workers` W > 0 a DataLoader runs W processes; process w builds the g-th micro-batch of the
 sequence when g % W == w (the stream decodes only the images of its own batches) and the
 DataLoader hands them to the loop in sequence order, in page-locked memory when the loop trains
-on a GPU, with the float32 tensors that hold float16 values (region features) shipped as float16
-(`TrainBatch.for_transfer`: half the bytes, exactly the same values on arrival). W = 0 builds each
+on a GPU (where the jobs also keep region features float16, `float16_features` of the
+objectives: half the bytes to copy, cast to float32 on arrival). W = 0 builds each
 batch in the training process when the loop asks for it (the CPU's default: no process start-up,
 no copy between processes).
 """
@@ -66,15 +66,14 @@ class BatchBuilder:
     seed: int
     rank: int
 
-    def batches(self, micros: list[Micro], compact: bool) -> Iterator[tuple[Micro, TrainBatch]]:
+    def batches(self, micros: list[Micro]) -> Iterator[tuple[Micro, TrainBatch]]:
         """The TrainBatches of `micros` (in sequence order), reading each epoch's rows once."""
         for epoch, group in groupby(micros, key=lambda m: m.epoch):
             group = list(group)
             keep = frozenset(m.index for m in group)
             rows_of = self.stream.batches(epoch, start_step=group[0].index, keep=keep)
             for micro, rows in zip(group, rows_of, strict=True):
-                batch = self.build(micro, rows)
-                yield micro, batch.for_transfer() if compact else batch
+                yield micro, self.build(micro, rows)
 
     def build(self, micro: Micro, rows: list) -> TrainBatch:
         rng = np.random.default_rng([self.seed, micro.epoch, micro.index, self.rank, 0])
@@ -87,9 +86,8 @@ class BatchBuilder:
 class _Shares(torch.utils.data.IterableDataset):
     """The DataLoader's dataset: in worker w of W, the micro-batches g with g % W == w."""
 
-    def __init__(self, builder: BatchBuilder, micros: Callable[[], Iterator[Micro]],
-                 compact: bool) -> None:
-        self.builder, self.micros, self.compact = builder, micros, compact
+    def __init__(self, builder: BatchBuilder, micros: Callable[[], Iterator[Micro]]) -> None:
+        self.builder, self.micros = builder, micros
 
     def __iter__(self) -> Iterator[tuple[Micro, TrainBatch]]:
         info = torch.utils.data.get_worker_info()
@@ -97,14 +95,14 @@ class _Shares(torch.utils.data.IterableDataset):
         mine = (m for g, m in enumerate(self.micros()) if g % workers == worker)
         # One epoch's share at a time: a long run's sequence is never held whole.
         for _, group in groupby(mine, key=lambda m: m.epoch):
-            yield from self.builder.batches(list(group), self.compact)
+            yield from self.builder.batches(list(group))
 
 
 def feed(builder: BatchBuilder, micros: Callable[[], Iterator[Micro]], *, workers: int,
          gpu: bool, prefetch: int = 4) -> Iterator[tuple[Micro, TrainBatch]]:
     """(Micro, TrainBatch) in sequence order: built by `workers` processes (0: here, when asked),
-    pinned and compacted for a GPU. micros(): a fresh iterator over the sequence (schedule)."""
-    shares = _Shares(builder, micros, compact=gpu)
+    pinned for a GPU. micros(): a fresh iterator over the sequence (schedule)."""
+    shares = _Shares(builder, micros)
     if workers == 0:
         for micro, batch in shares:
             yield micro, batch.pin_memory() if gpu else batch

@@ -37,10 +37,12 @@ class PretrainObjective(Objective):
     """A pretraining objective's config, the tokenizer and the row sizes: max_text_length
     wordpieces per text (at least `min_text_length(config)`: [CLS], [SEP] and the objective's
     other special tokens) and max_boxes regions per image. special_ids: [CLS], [SEP], [PAD], the
-    ids never masked. static_shapes: pad every batch to those sizes (module docstring)."""
+    ids never masked. static_shapes: pad every batch to those sizes (module docstring).
+    float16_features: region features (and their regression targets) stay float16, the shards'
+    values, for a batch bound for a GPU (TrainBatch.to casts them to float32 there)."""
 
     def __init__(self, config, tokenizer, *, max_text_length: int, max_boxes: int,
-                 static_shapes: bool = False) -> None:
+                 static_shapes: bool = False, float16_features: bool = False) -> None:
         least = self.min_text_length(config)
         if max_text_length < least:
             raise ValueError(
@@ -52,6 +54,7 @@ class PretrainObjective(Objective):
         self.max_text_length = max_text_length
         self.max_boxes = max_boxes
         self.static_shapes = static_shapes
+        self.features_dtype = torch.float16 if float16_features else torch.float32
         self.special_ids = torch.tensor(
             [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
         )
@@ -70,7 +73,8 @@ class PretrainObjective(Objective):
     def collate(self, samples: Sequence[Sample]) -> RegionBatch:
         """collate_regions with this objective's max_boxes; N = max_boxes when static."""
         return collate_regions(samples, max_boxes=self.max_boxes,
-                               pad_to=self.max_boxes if self.static_shapes else None)
+                               pad_to=self.max_boxes if self.static_shapes else None,
+                               features_dtype=self.features_dtype)
 
     def region_mask_input(self, region_mask: torch.Tensor) -> torch.Tensor | None:
         """The model's region_mask input: None for a static batch whose every region is real (36
