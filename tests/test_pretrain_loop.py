@@ -183,3 +183,22 @@ def test_data_workers_build_the_same_batches(pretrain_world, tmp_path, monkeypat
     assert got == expected
     first = [r for r in read_metrics(workers) if "split" not in r][0]
     assert 0 <= first["data_wait"] < 1
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_the_fast_settings_keep_the_loss_trajectory(pretrain_world, tmp_path, compiled):
+    """Static shapes (text and regions padded to their maximum), batches from data workers and,
+    opt-in (slow: compiling takes ~40 s), the layers compiled: every logged loss and accuracy of
+    a short run equals the default run's within float tolerance."""
+    sets = ["run.max_steps=8", "run.epochs=100", "run.val_every=8", "data.batch_size=16"]
+    runs = {}
+    for name, extra in (("default", []), ("fast", ["run.shapes=static", "run.data_workers=2",
+                                                   f"run.compile={str(compiled).lower()}"])):
+        runs[name] = tmp_path / name
+        run_training(pretrain_job, tiny_config(pretrain_world, "lxmert", *sets, *extra),
+                     runs[name])
+    expected, got = train_losses(runs["default"]), train_losses(runs["fast"])
+    assert sorted(got) == sorted(expected) == list(range(1, 9))
+    for step, values in expected.items():
+        assert got[step] == pytest.approx(values, rel=1e-4, abs=1e-6), f"step {step}"

@@ -12,7 +12,8 @@ Per step: the training process's wall and CPU time, the time it waited for its b
 copy), kernel-launching ops and host syncs (pipeline/bench/dispatch.py; with batches built here
 the counts include the batch building's CPU tensor work), and FLOPs (torch.utils.flop_counter,
 forward and backward), whence MFU on a known GPU. Rounds alternate loop and model alone; samples/s
-is the median over rounds, with the spread (min, max).
+is the median over rounds, with the spread (min, max). The warm-up steps' seconds are reported
+apart: with run.compile (`--compile ours`) they hold the compilation.
 """
 
 from __future__ import annotations
@@ -112,9 +113,13 @@ def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
         trainer.optimizer_step()
 
     runs = {"loop": lambda: next(steps), "model alone": model_step}
-    for run in runs.values():
+    warmup = {}
+    for name, run in runs.items():  # the loop first: with run.compile its first steps compile
+        start = time.perf_counter()
         for _ in range(s.warmup):
             run()
+        sync()
+        warmup[name] = time.perf_counter() - start
     timing = {name: {"wall": [], "cpu": [], "wait": []} for name in runs}
     for r in range(s.rounds):
         for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
@@ -151,6 +156,7 @@ def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
             "gflop_per_step": flops.get_total_flops() / 1e9,
             "mfu": (flops.get_total_flops() * rate / s.batch_size / (peak * 1e12)
                     if peak else None),
+            "warmup_s": warmup[name],
         })
     loop, alone = rows_out
     return {
@@ -168,8 +174,8 @@ def format_loop(report: dict[str, Any]) -> str:
         f"{report['data_workers']}, shapes {report['shapes']}) against the same model and "
         f"objective on one resident batch; median of {report['settings']['rounds']} rounds",
         "| run | samples/s (min-max) | ms/step | CPU ms/step | data wait ms/step | ops/step | "
-        "syncs/step | GFLOP/step | MFU |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "syncs/step | GFLOP/step | MFU | warm-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
@@ -177,7 +183,7 @@ def format_loop(report: dict[str, Any]) -> str:
             f"| {r['run']} | {r['samples_per_s']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f}) "
             f"| {r['ms_per_step']:.2f} | {r['cpu_ms_per_step']:.2f} | "
             f"{r['data_wait_ms_per_step']:.2f} | {r['ops_per_step']} | {r['syncs_per_step']} | "
-            f"{r['gflop_per_step']:.1f} | {mfu} |"
+            f"{r['gflop_per_step']:.1f} | {mfu} | {r['warmup_s']:.1f} |"
         )
     line = f"loop / model alone: {report['loop_over_model']:.2f}"
     if "model_over_transformers" in report:

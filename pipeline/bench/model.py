@@ -14,8 +14,9 @@ is the model's own: its parameters and optimizer state plus the largest transien
 (activations, gradients) during its steps, although both models stay resident. The data is
 already on the device: this measures the model, not a data loader. On the CPU the process CPU
 time per step is reported too: on a shared machine, wall time includes waiting for a core.
-`--compile ours` runs our model through torch.compile (the first steps compile, so give it a
-warm-up of a few steps); `--compile both` compiles transformers' too.
+`--compile ours` compiles each repeated layer of our model (model/compile.py, as run.compile
+does; the first steps compile, so give it a warm-up of a few steps: the warm-up's seconds are
+reported apart); `--compile both` compiles transformers' whole model too.
 
 Runs without the rest of the project too, on a GPU box with only torch and transformers:
     python -m pipeline.bench.model --arch lxmert
@@ -81,7 +82,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--compile",
         choices=["none", "ours", "both"],
         default="none",
-        help="torch.compile our model, or both models (default: none, both run eagerly)",
+        help="compile our model (each repeated layer, as run.compile does), or both models "
+        "(transformers' whole, through torch.compile); default: none, both run eagerly",
     )
     parser.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
     parser.add_argument(
@@ -164,6 +166,7 @@ class Timing:
     wall: list[float]
     cpu: list[float]
     transient_bytes: int = 0
+    warmup_s: float = 0.0  # the untimed first steps, compilation included
 
 
 def time_rounds(
@@ -178,11 +181,14 @@ def time_rounds(
         if cuda:
             torch.cuda.synchronize(device)
 
-    for step in steps.values():
-        for _ in range(s.warmup):
-            step()
     names = list(steps)
     timing = {n: Timing(wall=[], cpu=[]) for n in names}
+    for name, step in steps.items():
+        start = time.perf_counter()
+        for _ in range(s.warmup):
+            step()
+        sync()
+        timing[name].warmup_s = time.perf_counter() - start
     for r in range(s.rounds):
         for name in names if r % 2 == 0 else names[::-1]:
             sync()
@@ -205,6 +211,8 @@ def bench_model(s: BenchSettings, config: Any = None) -> dict[str, Any]:
     """Run the benchmark; the results as a JSON-ready dict (see format_report for the fields).
     config: the model's (default: the pair module's for s.size)."""
     import torch
+
+    from model.compile import compile_layers
 
     device = torch.device(s.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -234,7 +242,11 @@ def bench_model(s: BenchSettings, config: Any = None) -> dict[str, Any]:
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=1e-4, weight_decay=0.01, fused=device.type == "cuda"
         )
-        run = torch.compile(model) if name in compiled else model
+        run = model
+        if name == pair.OURS_NAME and name in compiled:
+            compile_layers(model)  # regional: each repeated layer, as run.compile does
+        elif name in compiled:
+            run = torch.compile(model)
 
         def step(run=run, loss_fn=loss_fn, optimizer=optimizer) -> None:
             optimizer.zero_grad(set_to_none=True)
@@ -270,6 +282,7 @@ def bench_model(s: BenchSettings, config: Any = None) -> dict[str, Any]:
                     (resident + timed.transient_bytes) / 2**30 if device.type == "cuda" else None
                 ),
                 "compiled": name in compiled,
+                "warmup_s": timed.warmup_s,
                 "first_step_loss": first_loss[name],
             }
         )
@@ -295,14 +308,14 @@ def format_report(report: dict[str, Any]) -> str:
         f"{report['model']} ({s['size']}); batch {s['batch_size']}, {s['tokens']} tokens, "
         f"{s['regions']} regions; {precision} on {s['device']}; compile: {s['compile']}; "
         f"{s['rounds']} rounds x {s['steps']} steps after {s['warmup']} warm-up",
-        f"| model | params | samples/s | ms/step | {last} |",
-        "|---|---|---|---|---|",
+        f"| model | params | samples/s | ms/step | {last} | warm-up s |",
+        "|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         extra = f"{r['cpu_ms_per_step']:.2f}" if on_cpu else f"{r['peak_memory_gib']:.2f}"
         lines.append(
             f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['samples_per_s']:.1f} | "
-            f"{r['ms_per_step']:.2f} | {extra} |"
+            f"{r['ms_per_step']:.2f} | {extra} | {r['warmup_s']:.1f} |"
         )
     ours, hf = report["results"]
     ratio = f"ratio ours / transformers (samples/s): {report['ratio']:.2f}x"
