@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pipeline.bench.dispatch import count_dispatch
 from pipeline.cli import main
-from pipeline.common.config import ConfigError
+from pipeline.common.config import ConfigError, to_dict
 from pipeline.pretrain.config import load_config
 from pipeline.pretrain.job import pretrain_job
 from pipeline.train.checkpoint import checkpoint_dirs
@@ -202,3 +203,19 @@ def test_the_fast_settings_keep_the_loss_trajectory(pretrain_world, tmp_path, co
     assert sorted(got) == sorted(expected) == list(range(1, 9))
     for step, values in expected.items():
         assert got[step] == pytest.approx(values, rel=1e-4, abs=1e-6), f"step {step}"
+
+
+@pytest.mark.parametrize("arch", ["lxmert", "visualbert", "vlbert", "vilbert"])
+def test_a_training_step_makes_no_host_sync(pretrain_world, tmp_path, arch):
+    """Between logging steps the training process never waits for the device: a whole step of
+    `Trainer.steps` (batch from a data worker, copy, forward, losses, backward, clipping, AdamW,
+    schedule), counted with torch's dispatch mode, makes no host sync."""
+    config = tiny_config(pretrain_world, arch, "run.max_steps=4", "run.epochs=100",
+                         "run.shapes=static", "run.data_workers=1")
+    trainer = Trainer(pretrain_job(to_dict(config), 0, 1), tmp_path / "run")
+    steps = trainer.steps()
+    next(steps)  # the first step: the data worker starts
+    for _ in range(2):
+        done, counts = count_dispatch(lambda: next(steps))
+        assert counts.syncs == 0, dict(counts.sync_ops)
+        assert counts.ops > 100 and set(done.losses) >= {"loss_mlm"}
