@@ -70,6 +70,10 @@ class ConvNorm(nn.Conv2d):
         shift = norm.bias - norm.running_mean * scale
         self.folded = (self.weight * scale.view(-1, 1, 1, 1), shift, self._sources())
 
+    def unfold_norm(self) -> None:
+        """Drop the folded copy: conv then norm again, also without gradients."""
+        self.folded = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.folded is None or torch.is_grad_enabled():
             return self.norm(super().forward(x))

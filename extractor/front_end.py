@@ -113,7 +113,7 @@ class VisualFrontEnd(nn.Module):
                 "frozen: call extractor.training.freeze_batchnorm on the detector first"
             )
         for conv in self._convs:
-            conv.folded = None
+            conv.unfold_norm()
         for stage in STAGES:
             module = self.res5 if stage == "res5" else getattr(self.backbone, stage)
             module.requires_grad_(stage not in config.frozen_stages)
