@@ -31,12 +31,14 @@ from shards.verify import verify_shards
 class Extraction:
     """How the world's images are extracted with the bundled detector. engine: "local" or "ray";
     device: "auto", "cpu" or "cuda"; shard_size: images per shard; class_probs: save each
-    region's class distribution (VL-BERT's and the objectives' soft labels)."""
+    region's class distribution (VL-BERT's and the objectives' soft labels); keep_images: store
+    each image in its sample (training the detector end to end reads it)."""
 
     engine: str = "local"
     device: str = "cpu"
     shard_size: int = 64
     class_probs: bool = False
+    keep_images: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ def extract(world: Path, dataset: str, out: Path, extraction: Extraction, *,
     sets = [f"output.shard_size={extraction.shard_size}"]
     if extraction.class_probs:
         sets.append("save_class_probs=true")
+    if extraction.keep_images:
+        sets.append("output.keep_images=true")
     job = resolve_job(str(config), sets, device=extraction.device, engine=extraction.engine)
     print(f"extracting {dataset} images in {world / dataset} -> {out} ({extraction.engine} engine)")
     tally = extract_dataset(job, reader or dataset, str(world / dataset), out,

@@ -11,7 +11,7 @@ from extractor.extractor import Extractor
 from extractor.weights import load_detector_weights, weights_hash
 from pipeline.common.config import ConfigError
 from pipeline.common.devices import pick_device
-from pipeline.extract.config import AUTOCAST, ExtractJobConfig
+from pipeline.extract.config import AUTOCAST, ExtractJobConfig, resolve_job
 
 
 def load_detector(job: ExtractJobConfig, weights: str | None) -> BUTDDetector:
@@ -24,6 +24,15 @@ def load_detector(job: ExtractJobConfig, weights: str | None) -> BUTDDetector:
     if weights:
         load_detector_weights(model, weights)
     return model
+
+
+def load_extraction_detector(config: str | None, weights: str) -> tuple[BUTDDetector,
+                                                                        ExtractJobConfig]:
+    """The detector of an extraction made with `pipeline extract --config config --weights
+    weights` (config None: the preset defaults), and that extraction's resolved config (its
+    preprocessing)."""
+    job = resolve_job(config, [])
+    return load_detector(job, weights), job
 
 
 def detector_record(

@@ -16,6 +16,7 @@ from model.archs import ARCHS
 from pipeline.common.config import ConfigError, load_yaml, merge, parse_sets, resolve
 from pipeline.finetune.examples import TASKS
 from pipeline.train.config import (
+    VisualConfig,
     OptimConfig, RunConfig, check_arch, check_schedule, micro_batch,
 )
 
@@ -76,6 +77,7 @@ class FinetuneConfig:
     data: TaskDataConfig = field(default_factory=TaskDataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    visual: VisualConfig = field(default_factory=VisualConfig)
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -85,6 +87,7 @@ class FinetuneConfig:
     def check(self) -> FinetuneConfig:
         """The checks across sections (run after all overrides); returns self."""
         check_schedule(self.data.batch_size, self.optim, self.run)
+        self.visual.check()
         if not self.data.train or not self.data.val:
             raise ConfigError("set data.train (subsets to train on) and data.val (one subset)")
         return self

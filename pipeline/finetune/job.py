@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -30,12 +31,15 @@ from pipeline.finetune.data import EvalStream, Features, TaskStream, task_exampl
 from pipeline.finetune.examples import Example
 from pipeline.finetune.objective import task_objective
 from pipeline.train.config import static_shapes
+from pipeline.extract.detector import load_extraction_detector
+from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end
 from pipeline.train.job import Job
 from pipeline.train.loop import count_steps
 
 ANSWERS_FILE = "answers.json"
 # The config's files and directories, made absolute before the run starts.
 PATHS = ("init", "init_answers", "data.root", "data.holdout", "data.shards", "data.answers",
+         "visual.extract_config", "visual.weights",
          "data.tokenizer", "run.init_text")
 
 
@@ -161,7 +165,24 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
                                float16_features=device.type == "cuda")
     micro = config.micro_batch
 
+    pixels = save_detector = None
+    visual = config.visual
+    if visual.trainable:
+        if config.task == "nlvr2":
+            raise ConfigError("visual.trainable: end-to-end training takes rows of one image; "
+                              "NLVR2's rows have two (train it on frozen features)")
+        detector, extraction = load_extraction_detector(visual.extract_config or None,
+                                                        visual.weights)
+        module, pixels = end_to_end(visual, module, detector, extraction.preprocess,
+                                    features[train[0].images[0]],
+                                    ", ".join(config.data.shards), device)
+
+        def save_detector(module: nn.Module, directory: Path) -> None:
+            fresh, _ = load_extraction_detector(visual.extract_config or None, visual.weights)
+            module.front_end.save_as_detector(fresh, directory / DETECTOR_FILE)
+
     def export(module: nn.Module) -> tuple[str, object, dict]:
+        module = module.model if isinstance(module, EndToEnd) else module
         return config.arch, encoder_config, module.encoder.state_dict()
 
     return Job(
@@ -176,4 +197,6 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
         texts=None,
         export=export,
         files={} if vocab is None else {ANSWERS_FILE: vocab.to_json()},
+        pixels=pixels,
+        save_with_checkpoint=save_detector,
     )

@@ -17,6 +17,7 @@ from model.archs import ARCHS
 from pipeline.common.config import ConfigError, load_yaml, merge, parse_sets, resolve
 from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.config import (
+    VisualConfig,
     OptimConfig, RunConfig, check_arch, check_schedule, micro_batch,
 )
 
@@ -62,6 +63,7 @@ class PretrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    visual: VisualConfig = field(default_factory=VisualConfig)
 
     def __post_init__(self) -> None:
         check_arch(self.arch)
@@ -69,6 +71,7 @@ class PretrainConfig:
     def check(self) -> PretrainConfig:
         """The checks across sections (run after all overrides); returns self."""
         check_schedule(self.data.batch_size, self.optim, self.run)
+        self.visual.check()
         return self
 
     @property

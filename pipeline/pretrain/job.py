@@ -20,12 +20,15 @@ from pipeline.pretrain.data import JoinError, PretrainStream, TextStream, Valida
 from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.job import Job
 from pipeline.train.config import static_shapes
+from pipeline.extract.detector import load_extraction_detector
+from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end
 from pipeline.train.loop import count_steps
 from shards.reader import iter_samples, list_shards
 from shards.storage import as_path
 
 # The config's files and directories, made absolute before the run starts.
-PATHS = ("data.corpus", "data.shards", "data.tokenizer", "run.init_text")
+PATHS = ("data.corpus", "data.shards", "data.tokenizer", "run.init_text", "visual.extract_config",
+         "visual.weights")
 
 
 def feature_dim(shards: list[Path]) -> int:
@@ -123,8 +126,21 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         if rank == 0:
             print(report)
 
+    pixels = save_detector = None
+    visual = config.visual
+    if visual.trainable:
+        detector, extraction = load_extraction_detector(visual.extract_config or None,
+                                                        visual.weights)
+        module, pixels = end_to_end(visual, module, detector, extraction.preprocess,
+                                    next(iter_samples(shards[:1])), ", ".join(data.shards), device)
+
+        def save_detector(module: nn.Module, directory: Path) -> None:
+            fresh, _ = load_extraction_detector(visual.extract_config or None, visual.weights)
+            module.front_end.save_as_detector(fresh, directory / DETECTOR_FILE)
+
     def export(module: nn.Module) -> tuple[str, object, dict]:
         # LXMERT is exported whole (its QA head transfers to VQA / GQA); the others' encoders.
+        module = module.model if isinstance(module, EndToEnd) else module
         part = module if type(module) in arch.saved else getattr(module, arch.encoder_attr)
         return config.arch, part.config, part.state_dict()
 
@@ -139,4 +155,6 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         texts=texts,
         export=export,
         whole_validation=True,
+        pixels=pixels,
+        save_with_checkpoint=save_detector,
     )

@@ -6,6 +6,8 @@
         model/          the model in our checkpoint format (model/checkpoints): LXMERT's whole
                         pretraining model, the encoder for the other three; `pipeline convert
                         model/ --to hf` exports LXMERT and VisualBERT for transformers
+        detector.safetensors  with a detector trained end to end (pipeline/train/end_to_end.py):
+                        the whole detector, for `pipeline extract --weights`
         position.json   written last: a directory without it is an interrupted save, ignored
 
 A save goes to `step_N.tmp` and is renamed when complete; older checkpoints beyond `keep` are
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +54,10 @@ def save_checkpoint(
     export_config: Any,
     export_state: dict[str, torch.Tensor],
     keep: int,
+    extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write checkpoint `position["step"]` (see the module docstring); returns its directory."""
+    """Write checkpoint `position["step"]` (see the module docstring); returns its directory.
+    extra(directory): writes more files into it before it is complete."""
     root = Path(run_dir) / CHECKPOINTS
     final = root / f"step_{position['step']:08d}"
     tmp = final.with_suffix(".tmp")
@@ -60,6 +65,8 @@ def save_checkpoint(
     tmp.mkdir(parents=True)
     torch.save({**state, "position": position}, tmp / "state.pt")
     save_ours(tmp / "model", arch, export_config, export_state)
+    if extra is not None:
+        extra(tmp)
     (tmp / POSITION).write_text(json.dumps(position) + "\n")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)

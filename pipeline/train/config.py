@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from extractor.front_end import VisualFrontEndConfig
 from model.archs import ARCH_NAMES
 from pipeline.common.config import ConfigError, check_positive
 
@@ -60,6 +61,56 @@ class RunConfig:
     data_workers: int = -1
     shapes: Literal["auto", "static", "dynamic"] = "auto"
     compile: bool = False
+
+
+@dataclass(frozen=True)
+class VisualConfig:
+    """The `visual:` section of a pretraining or fine-tuning config.
+
+    trainable: train the detector's trunk with the transformer (off: features from the shards).
+    extract_config: the extraction config (YAML) the shards were made with: the detector's
+        architecture and the image preprocessing (empty: the preset defaults of `pipeline
+        extract`). weights: the detector checkpoint they were made with (any format `pipeline
+        extract --weights` reads); required when trainable.
+    frozen_stages: the trunk's stages that do not train (VL-BERT: stem, res2).
+    pooler: "roi_pool" (the detector's: untrained features are the extracted ones) or
+        "roi_align" (VL-BERT's). checkpoint_res5: recompute res5 in the backward (memory).
+    lr_multiplier: the detector's learning rate over the transformer's (VL-BERT: 1.0).
+    flip_prob: share of training images flipped with their boxes. mask_pixels: zero the pixels
+        of a masked RoI (VL-BERT's masked RoI classification) before the trunk.
+    """
+
+    trainable: bool = False
+    extract_config: str = ""
+    weights: str = ""
+    frozen_stages: tuple[str, ...] = ("stem", "res2")
+    pooler: str = "roi_pool"
+    checkpoint_res5: bool = False
+    lr_multiplier: float = 1.0
+    flip_prob: float = 0.0
+    mask_pixels: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "frozen_stages", tuple(self.frozen_stages))
+        if not 0.0 <= self.flip_prob <= 1.0:
+            raise ConfigError(f"visual.flip_prob must be in [0, 1], got {self.flip_prob}")
+        if self.lr_multiplier < 0:
+            raise ConfigError(f"visual.lr_multiplier must be >= 0, got {self.lr_multiplier}")
+        try:
+            self.front_end_config()
+        except ValueError as err:
+            raise ConfigError(f"visual.{err}") from err
+
+    def check(self) -> None:
+        """The check across fields (after every override: `--set` applies them one by one)."""
+        if self.trainable and not self.weights:
+            raise ConfigError("visual.trainable needs visual.weights: the detector checkpoint "
+                              "the shards were extracted with")
+
+    def front_end_config(self) -> VisualFrontEndConfig:
+        return VisualFrontEndConfig(frozen_stages=self.frozen_stages, pooler=self.pooler,
+                                    checkpoint_res5=self.checkpoint_res5)
+
 
 
 def check_schedule(batch_size: int, optim: OptimConfig, run: RunConfig) -> None:

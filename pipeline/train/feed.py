@@ -25,6 +25,7 @@ import numpy as np
 import torch.utils.data
 
 from pipeline.train.batch import Objective, TrainBatch
+from pipeline.train.pixels import PixelConfig, add_pixels, row_images
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,16 @@ def schedule(steps_in_epoch: Callable[[int], int], accumulation: int, *, step: i
 @dataclass(frozen=True)
 class BatchBuilder:
     """What turns a Micro into a TrainBatch: the stream (`batches(epoch, start_step, keep=)`),
-    the objective, the text rows (or None), the run's seed and this rank."""
+    the objective, the text rows (or None), the run's seed and this rank; with `pixels` (a
+    detector trained end to end) the rows' images join the batch (pipeline/train/pixels.py),
+    their flips drawn from (seed, epoch, index, rank, 2)."""
 
     stream: object
     objective: Objective
     texts: object
     seed: int
     rank: int
+    pixels: PixelConfig | None = None
 
     def batches(self, micros: list[Micro]) -> Iterator[tuple[Micro, TrainBatch]]:
         """The TrainBatches of `micros` (in sequence order), reading each epoch's rows once."""
@@ -80,7 +84,11 @@ class BatchBuilder:
         texts = self.texts.texts(micro.text_step) if self.texts is not None else None
         items = [item for item, _ in rows]
         samples = [sample for _, sample in rows]
-        return self.objective.make_batch(items, samples, rng, epoch=micro.epoch, texts=texts)
+        batch = self.objective.make_batch(items, samples, rng, epoch=micro.epoch, texts=texts)
+        if self.pixels is None:
+            return batch
+        flips = np.random.default_rng([self.seed, micro.epoch, micro.index, self.rank, 2])
+        return add_pixels(batch, row_images(samples), flips, self.pixels)
 
 
 class _Shares(torch.utils.data.IterableDataset):

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from pipeline.train.batch import Objective
+from pipeline.train.pixels import PixelConfig
 
 
 @dataclass
@@ -26,6 +28,10 @@ class Job:
     whole_validation: validate a second time with `make_batch(whole=True)` (no masked word or
         region) and record those accuracies as whole_<name>: a pretraining objective scores
         matching on masked inputs, as it trains, and on whole pairs, as a matcher is used.
+    pixels: with a detector trained end to end (pipeline/train/end_to_end.py), how the rows'
+        images join their batches (pipeline/train/pixels.py add_pixels); None: features only.
+    save_with_checkpoint(module, checkpoint_dir): more files for each checkpoint (the detector
+        trained end to end).
     """
 
     name: str
@@ -39,3 +45,5 @@ class Job:
     export: Callable[[nn.Module], tuple[str, Any, dict[str, torch.Tensor]]]
     files: dict[str, str] = field(default_factory=dict)
     whole_validation: bool = False
+    pixels: PixelConfig | None = None
+    save_with_checkpoint: Callable[[nn.Module, Path], None] | None = None

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ from pipeline.train.batch import TrainBatch
 from pipeline.train.config import data_workers
 from pipeline.train.errors import DivergenceError
 from pipeline.train.feed import BatchBuilder, Micro, feed, schedule
+from pipeline.train.pixels import add_pixels, row_images
 from pipeline.train.job import Job
 from pipeline.train.logs import RunLog, truncate_metrics
 from pipeline.train.plot import plot_run
@@ -74,15 +75,19 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    decay, no_decay = [], []
+def _param_groups(model: nn.Module, weight_decay: float, lr: float,
+                  visual_lr_multiplier: float) -> list[dict]:
+    """No weight decay on biases and norms; a detector trained end to end (the parameters under
+    `front_end.`) at lr x visual_lr_multiplier."""
+    groups: dict[tuple[bool, bool], list] = {}
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+        if param.requires_grad:
+            decays = not (param.ndim < 2 or "norm" in name.lower())
+            groups.setdefault((name.startswith("front_end."), decays), []).append(param)
     return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": params, "weight_decay": weight_decay if decays else 0.0,
+         "lr": lr * visual_lr_multiplier if visual else lr}
+        for (visual, decays), params in sorted(groups.items())
     ]
 
 
@@ -150,10 +155,10 @@ class Trainer:
         optim = self.config.optim
         # Fused: one kernel over all parameters, on CPU too (a tiny model's step spent 25 ms of
         # its ~120 in the per-tensor AdamW, mostly on the 30,522-row word embedding; fused: 1.3).
-        self.optimizer = torch.optim.AdamW(
-            _param_groups(self.module, optim.weight_decay), lr=optim.lr, betas=optim.betas,
-            eps=optim.eps, fused=True,
-        )
+        groups = _param_groups(self.module, optim.weight_decay, optim.lr,
+                               self.config.visual.lr_multiplier)
+        self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas,
+                                           eps=optim.eps, fused=True)
         self.total_steps = count_steps(self.train_stream, self.config)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
@@ -206,6 +211,8 @@ class Trainer:
                 export_config=export_config,
                 export_state={k: v.detach().cpu() for k, v in export_state.items()},
                 keep=self.config.run.keep_checkpoints,
+                extra=(None if self.job.save_with_checkpoint is None else
+                       lambda directory: self.job.save_with_checkpoint(self.module, directory)),
             )
             if self.mirror is not None:
                 push(self.run_dir, self.mirror, self.config.run.keep_checkpoints)
@@ -223,7 +230,7 @@ class Trainer:
                             epoch=at.epoch, micro=at.micro, total_steps=self.total_steps)
 
         builder = BatchBuilder(self.train_stream, self.objective, self.texts,
-                               seed=self.config.run.seed, rank=self.rank)
+                               seed=self.config.run.seed, rank=self.rank, pixels=self.job.pixels)
         return feed(builder, micros, workers=data_workers(self.config.run, self.device),
                     gpu=self.device.type == "cuda")
 
@@ -249,6 +256,9 @@ class Trainer:
         extra = {"whole": True} if whole else {}  # fine-tuning objectives have nothing to mask
         batch = self.objective.make_batch(items, samples, rng, epoch=self.config.run.epochs - 1,
                                           **extra)
+        if self.job.pixels is not None:  # no flips: validation sees the images as they are
+            batch = add_pixels(batch, row_images(samples), rng,
+                               replace(self.job.pixels, flip_prob=0.0))
         return batch.to(self.device)
 
     def _forward(self, batch, seed: int, model: nn.Module | None = None):

@@ -85,7 +85,7 @@ def add_pixels(batch: TrainBatch, samples: Sequence[Sample], rng: np.random.Gene
     Returns a new TrainBatch (`batch` is not changed) whose inputs, without "features", add
         images       (S, 3, H, W) float32 mean-subtracted BGR, top left, zero-padded; H and W the
                      largest resized size rounded up to cfg.size_multiple
-        image_sizes  (S, 2) long, each image's resized (height, width)
+        image_sizes  S (height, width) int pairs, each image's resized size (a tuple)
         pixel_boxes  (S, N, 4) float32 x1 y1 x2 y2 in input pixels: the sample's first
                      min(num_boxes, N) boxes (those collate_regions kept), padding rows 0
     and flip the normalised boxes of flipped rows (x1' = 1 - x2, x2' = 1 - x1; padding stays 0).
@@ -121,8 +121,9 @@ def add_pixels(batch: TrainBatch, samples: Sequence[Sample], rng: np.random.Gene
     inputs = {k: v for k, v in batch.inputs.items() if k != "features"}
     inputs["boxes"] = norm.view(boxes.shape)
     inputs["images"] = images
-    inputs["image_sizes"] = torch.tensor([tuple(im.pixels.shape[1:]) for im in prepared],
-                                         dtype=torch.long).view(S, 2)
+    # Python ints, not a tensor: the trunk needs them on the host, and reading a tensor moved to
+    # the GPU would wait for it.
+    inputs["image_sizes"] = tuple(tuple(im.pixels.shape[1:]) for im in prepared)
     inputs["pixel_boxes"] = pixel_boxes
     return TrainBatch(inputs=inputs, targets=batch.targets, size=batch.size)
 
