@@ -32,8 +32,8 @@ def image_world(tmp_path_factory):
         minival_images=2, progress=False,
     )
 
-    class World:  # what tiny_config reads
-        corpus, shards = prepared.corpus, (prepared.shards["coco"],)
+    class World:  # what tiny_config and test_finetune's vqa_sets read
+        world, corpus, shards = prepared.world, prepared.corpus, (prepared.shards["coco"],)
 
     return World
 
@@ -81,3 +81,90 @@ def test_visual_settings_are_checked(pretrain_world):
     with pytest.raises(ConfigError, match="visual.frozen_stages"):
         tiny_config(pretrain_world, "vlbert", "visual.frozen_stages=[res9]")
     assert Path(WEIGHTS).is_file()
+
+
+@pytest.mark.parametrize("arch", ["lxmert", "visualbert", "vilbert"])
+def test_the_other_architectures_train_end_to_end(image_world, tmp_path, arch):
+    """The region-feature contract is shared: the same front end feeds LXMERT, VisualBERT and
+    ViLBERT, and their checkpoints hold the trained detector."""
+    sets = [*VISUAL, "run.max_steps=2", "run.epochs=100", "data.batch_size=8",
+            "data.train_splits=[train, nominival]", "data.sources=[mscoco]"]
+    run_training(pretrain_job, tiny_config(image_world, arch, *sets), tmp_path / "run")
+    losses = train_losses(tmp_path / "run")
+    assert sorted(losses) == [1, 2] and all(v == v for r in losses.values() for v in r.values())
+    assert (checkpoint_dirs(tmp_path / "run")[-1] / "detector.safetensors").is_file()
+
+
+def test_the_detector_gets_its_own_learning_rate(image_world, tmp_path):
+    from pipeline.common.config import to_dict
+    from pipeline.train.loop import Trainer
+
+    config = tiny_config(image_world, "vlbert", *VISUAL, "visual.lr_multiplier=0.25",
+                         "optim.lr=0.001", "run.max_steps=2", "data.batch_size=8",
+                         "data.train_splits=[train, nominival]")
+    trainer = Trainer(pretrain_job(to_dict(config), 0, 1), tmp_path / "run")
+    visual = {id(p) for p in trainer.module.front_end.parameters() if p.requires_grad}
+    assert visual
+    for group in trainer.optimizer.param_groups:
+        inside = {id(p) in visual for p in group["params"]}
+        assert len(inside) == 1, "a group mixes detector and transformer parameters"
+        assert group["initial_lr"] == (0.00025 if inside == {True} else 0.001)
+    grouped = {id(p) for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert visual <= grouped
+    stem = list(trainer.module.front_end.backbone.stem.parameters())
+    assert stem and not any(id(p) in grouped for p in stem)  # frozen: no optimizer sees it
+
+
+def test_end_to_end_features_masked_pixels_padding_and_text_rows(image_world):
+    """EndToEnd hands the model the front end's features of each row's boxes: zero for padded
+    regions and for rows without an image (VL-BERT's text rows); with mask_pixels a masked
+    region's pixels are zeroed first, which changes its feature and no row without a mask."""
+    import numpy as np
+
+    from extractor.front_end import VisualFrontEnd
+    from pipeline.extract.detector import load_extraction_detector
+    from pipeline.train.end_to_end import EndToEnd
+    from pipeline.train.pixels import PixelConfig, add_pixels
+    from shards.batch import collate_regions
+    from shards.reader import iter_samples, list_shards
+    from pipeline.train.batch import TrainBatch
+
+    samples = list(iter_samples(list_shards(image_world.shards[0])))[:3]
+    regions = collate_regions(samples, max_boxes=6)
+    rows = len(samples) + 2  # two text-only rows after the image rows
+    region_mask = torch.cat([regions.region_mask, torch.zeros(2, 6, dtype=torch.long)])
+    region_mask[0, 5] = 0  # a padded region
+    masked = torch.zeros(rows, 6, dtype=torch.bool)
+    masked[1, 0] = True
+    batch = TrainBatch(inputs={
+        "input_ids": torch.ones(rows, 4, dtype=torch.long), "features": torch.zeros(rows, 6, 1),
+        "boxes": torch.cat([regions.boxes_xyxy_norm, torch.zeros(2, 6, 4)]),
+        "region_mask": region_mask, "masked_regions": masked}, targets={}, size=rows)
+    detector, extraction = load_extraction_detector(str(CONFIG), str(WEIGHTS))
+    pixels = PixelConfig(preprocess=extraction.preprocess, flip_prob=0.0)
+    inputs = add_pixels(batch, samples, np.random.default_rng(0), pixels).inputs
+
+    def features(mask_pixels: bool) -> torch.Tensor:
+        wrapped = EndToEnd(VisualFrontEnd(detector), lambda **kw: kw["features"],
+                           mask_pixels=mask_pixels)
+        with torch.no_grad():
+            return wrapped(**inputs)
+
+    plain, hidden = features(False), features(True)
+    D = detector.cfg.feature_dim
+    assert plain.shape == (rows, 6, D)
+    assert not plain[3:].any() and not plain[0, 5].any()  # text rows, padded region
+    assert plain[0, :5].abs().sum(-1).gt(0).all()
+    assert torch.equal(plain[0], hidden[0]) and torch.equal(plain[2], hidden[2])
+    assert not torch.allclose(plain[1, 0], hidden[1, 0])
+
+
+def test_vqa_fine_tuning_trains_the_detector_too(image_world, tmp_path):
+    from test_finetune import TINY, finetune, vqa_sets
+
+    out = tmp_path / "vqa"
+    assert finetune("vqa", out, vqa_sets(image_world) + TINY + ["run.max_steps=2", *VISUAL]) == 0
+    saved = load_file(str(checkpoint_dirs(out)[-1] / "detector.safetensors"))
+    before = load_file(str(WEIGHTS))
+    assert not torch.equal(saved["roi_heads.res5.0.conv1.weight"],
+                           before["roi_heads.res5.0.conv1.weight"])
