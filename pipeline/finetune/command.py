@@ -18,6 +18,8 @@ warmup, lr 5e-5 (VQA, NLVR2) / 1e-5 (GQA), BCE on soft scores for VQA and GQA. F
 pretraining checkpoint with a QA head, `--set init_answers=CORPUS` (or all_ans.json) starts the
 answer head from the pretrained rows. The same trainer as pretraining: --workers N on Ray Train,
 --resume, metrics.jsonl, checkpoints/. The run directory also receives answers.json (VQA, GQA).
+VQA and GQA can train the detector end to end: `--set visual.trainable=true --set
+visual.weights=DETECTOR` (see `pipeline pretrain --help`).
 
 Examples:
   pipeline finetune vqa --from runs/lxmert/checkpoints/step_00002000/model --out runs/vqa \\

@@ -21,6 +21,12 @@ checkpoint format: `pipeline convert DIR/checkpoints/step_N/model --to hf`) and 
 `--resume` continues from the latest checkpoint: the following steps repeat exactly what an
 uninterrupted run with the same seed would have done.
 
+Speed: run.data_workers (batches built ahead in processes; 4 on a GPU), run.shapes (static on a
+GPU), run.compile (each transformer layer). End to end, as VL-BERT: `--set visual.trainable=true
+--set visual.weights=DETECTOR --set visual.extract_config=EXTRACT.yaml` trains the detector's
+trunk (res3-res5) with the transformer on the shards' images (extracted with
+output.keep_images=true); each checkpoint then holds detector.safetensors for `pipeline extract`.
+
 Examples:
   pipeline pretrain --config configs/pretrain/lxmert_tiny.yaml --out runs/lxmert \\
       --set data.corpus=corpus --set data.shards=[feats/coco,feats/vg]
