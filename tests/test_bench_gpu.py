@@ -10,9 +10,15 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_suite.json").read_text())
     assert report["tests"] == {"ran": False, "why": "--quick"}
-    assert [(r["batch"], r["precision"]) for r in report["extraction"]] == [(1, "fp32"), (2, "fp32")]
+    assert [(r["batch"], r["precision"]) for r in report["extraction"]] == [(1, "fp32"),
+                                                                             (2, "fp32")]
     assert all(r["images_per_s"] > 0 and r["syncs_per_image"] > 0 for r in report["extraction"])
     assert [r["model"] for r in report["training"]["results"]][0].startswith("ours")
+    end_to_end = report["end_to_end"]  # --quick: the world detector and VL-BERT tiny, batch 2
+    assert (end_to_end["settings"]["size"], end_to_end["settings"]["device"]) == ("tiny", "cpu")
+    assert [r["batch"] for r in end_to_end["results"]] == [2]
+    assert end_to_end["results"][0]["images_per_s"] > 0 and end_to_end["trunk_updated"]["res4"]
     text = (tmp_path / "gpu_suite.md").read_text()
     assert "## Extraction" in text and "| local | 2 | fp32 |" in text and "samples/s" in text
     assert "python -m pipeline.bench.gpu --quick" in text
+    assert "## End-to-end training" in text and "trunk weights changed" in text

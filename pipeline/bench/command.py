@@ -1,4 +1,5 @@
-"""`pipeline bench extract | pretrain | model`: the benchmarks (each module says what it measures)."""
+"""`pipeline bench extract | pretrain | model | end-to-end`: the benchmarks (each module says what
+it measures)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pipeline.common.arguments import Actions
 from pipeline.extract.command import add_weights_args
 
 HELP = "benchmarks"
-DESCRIPTION = "Measure extraction, pretraining and model training speed on this machine."
+DESCRIPTION = ("Measure extraction, pretraining, model training and end-to-end (detector and "
+               "transformer) training speed on this machine.")
 
 
 EXTRACT_DESCRIPTION = (
@@ -23,6 +25,43 @@ MODEL_DESCRIPTION = (
     "samples/s, ms/step, peak GPU memory and the ratio ours / transformers. Also runs as "
     "`python -m pipeline.bench.model` with only torch and transformers installed."
 )
+END_TO_END_DESCRIPTION = (
+    "Time one training step of VL-BERT with the detector trained end to end (visual.trainable): "
+    "the front end's trunk, pooling and res5 on each image's boxes, VL-BERT's pretraining "
+    "objective, backward and AdamW over the transformer and res3-res5, on a batch kept on the "
+    "device. Prints images/s (median and spread of rounds), ms/step, peak GPU memory (CPU: CPU "
+    "ms/step), the front end's share of the step (timed alone on the same batch, and by FLOPs) "
+    "and which trunk stages the steps changed. Defaults: on CUDA the real R101 (random weights) "
+    "with VL-BERT-base, batches 8 and 16 of 600x800 photos in bf16; on a CPU the bundled world "
+    "detector with the tiny VL-BERT, batches 2 and 4."
+)
+
+
+def add_end_to_end_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--size", choices=["tiny", "paper"],
+                        help="tiny: the bundled world detector and VL-BERT tiny; paper: the R101 "
+                        "with random weights and VL-BERT-base (default: paper on CUDA, else tiny)")
+    parser.add_argument("--batch-sizes", help="comma-separated images per step (default: 8,16 "
+                        "paper, 2,4 tiny)")
+    parser.add_argument("--image-size", metavar="HxW", help="the synthetic photos' size, resized "
+                        "by the detector's preprocessing (default: 600x800 paper, 384x512 tiny)")
+    parser.add_argument("--regions", type=int, default=36, help="boxes per image, the whole "
+                        "image first (default: 36)")
+    parser.add_argument("--tokens", type=int, default=20,
+                        help="wordpieces per caption (default: 20)")
+    parser.add_argument("--steps", type=int,
+                        help="timed steps per round (default: 5 paper, 2 tiny)")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (default: 5)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
+    parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
+    parser.add_argument("--dtype", choices=["float32", "bf16"],
+                        help="bf16: autocast on CUDA, as run.bf16 (default: bf16 on CUDA)")
+    parser.add_argument("--checkpoint-res5", action="store_true",
+                        help="recompute res5 in the backward (visual.checkpoint_res5: memory)")
+    parser.add_argument("--pooler", choices=["roi_pool", "roi_align"], default="roi_pool",
+                        help="visual.pooler (default: roi_pool, the detector's)")
+    parser.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
+    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +91,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                                   "workers", pretrain.__doc__, config=False))
     model.add_args(actions.add("model", "training samples/s of our model against transformers' "
                                "(same weights and work)", MODEL_DESCRIPTION, config=False))
+    add_end_to_end_args(actions.add("end-to-end", "images/s of one training step with the "
+                                    "detector trained end to end (VL-BERT)",
+                                    END_TO_END_DESCRIPTION, config=False))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,4 +101,8 @@ def run(args: argparse.Namespace) -> int:
         from pipeline.bench import extract
 
         return extract.run(args)
+    if args.bench_verb == "end-to-end":
+        from pipeline.bench import end_to_end
+
+        return end_to_end.run(args)
     return {"pretrain": pretrain.run, "model": model.run}[args.bench_verb](args)

@@ -8,7 +8,10 @@
    (`--compile`: one more row, bf16 at batch 32 with the RoI head compiled, run.compile);
 3. `python -m pipeline.bench.model --loop`: our LXMERT training step against transformers', and
    the whole pretraining loop (data, batch building, copy, objective, model, optimizer) against
-   the same model and objective on a resident batch (`--compile`: with run.compile).
+   the same model and objective on a resident batch (`--compile`: with run.compile);
+4. `pipeline bench end-to-end`: one training step of VL-BERT-base with the real R101 trained end
+   to end (random weights), batches 8 and 16 of 600x800 photos in bf16: images/s, peak memory,
+   the front end's share of the step.
 
 It writes `gpu_suite.md` (the tables, the command and the hardware) and `gpu_suite.json` (every
 number) into --out. It needs torch, torchvision and transformers only (no Ray: the extraction
@@ -26,7 +29,9 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.bench import loop, model
+import torch
+
+from pipeline.bench import end_to_end, loop, model
 from pipeline.bench.extract import bench_extract, format_table, hardware
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,6 +82,18 @@ def training(quick: bool, device: str | None, json_path: Path, compiled: bool = 
     return json.loads(json_path.read_text())
 
 
+def end_to_end_training(quick: bool, device: str | None) -> dict:
+    """The end-to-end rows: R101 + VL-BERT-base, batches 8 and 16, bf16 (--quick: the world
+    detector and VL-BERT tiny, one small batch: on a CPU, as the test runs it)."""
+    args = argparse.Namespace(
+        size="tiny" if quick else "paper", batch_sizes="2" if quick else "8,16", image_size=None,
+        regions=36, tokens=20, steps=1 if quick else None, rounds=1 if quick else 5,
+        warmup=0 if quick else 2, device=device, dtype=None, checkpoint_res5=False,
+        pooler="roi_pool", seed=0,
+    )
+    return end_to_end.bench_end_to_end(end_to_end.resolve(args, torch.cuda.is_available()))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline.bench.gpu", description=__doc__,
@@ -98,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     report["extraction"] = extraction(args.quick, args.device, args.compile)
     report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json",
                                   args.compile)
+    report["end_to_end"] = end_to_end_training(args.quick, args.device)
     report["seconds"] = time.time() - started
     (out / "gpu_suite.json").write_text(json.dumps(report, indent=1) + "\n")
     tests = report["tests"]
@@ -111,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         "## Training: our LXMERT against transformers', and the pretraining loop", "",
         model.format_report(report["training"]), "",
         loop.format_loop(report["training"]["loop"]), "",
+        "## End-to-end training: VL-BERT with the detector's trunk trained (visual.trainable)", "",
+        end_to_end.format_report(report["end_to_end"]), "",
     ]
     (out / "gpu_suite.md").write_text("\n".join(lines))
     print("\n".join(lines))
