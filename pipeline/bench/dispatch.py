@@ -11,7 +11,8 @@
   data for a GPU waits too; `non_blocking` ones do not), and the waits of `extractor.host.fetch`
   (profiler ranges named "host sync: ...": its non-blocking copies are not waits themselves).
 The counts are the same on any device for the same code path, except the copies between host and
-device, which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are not seen.
+device, which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are
+not seen.
 """
 
 from __future__ import annotations

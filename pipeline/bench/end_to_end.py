@@ -67,7 +67,7 @@ from extractor.front_end import STAGES, mask_region_pixels
 from model.vlbert import VlBertConfig
 from model.vlbert_pretraining import VlBertForPreTraining
 from pipeline.bench.extract import peak_tflops
-from pipeline.bench.loop_data import WORDS, _tokenizer
+from pipeline.bench.loop_data import WORDS, tokenizer_dir
 from pipeline.bench.model import hardware
 from pipeline.common.assets import bundled_detector
 from pipeline.common.text import load_tokenizer
@@ -78,7 +78,7 @@ from pipeline.pretrain.objectives.vlbert import VlBertObjective, VlBertObjective
 from pipeline.train.batch import TrainBatch
 from pipeline.train.config import OptimConfig, VisualConfig
 from pipeline.train.end_to_end import EndToEnd, end_to_end
-from pipeline.train.loop import _param_groups
+from pipeline.train.loop import param_groups
 from pipeline.train.pixels import PixelConfig, add_pixels
 from shards.schema import Sample, build_sample
 
@@ -216,7 +216,7 @@ def build(s: EndToEndSettings, device: torch.device) -> Bench:
     with tempfile.TemporaryDirectory(prefix="bench_e2e_") as tmp:
         # The bundled BERT vocabulary, or (a GPU box's own Python) 30522 entries of which the
         # words of the captions are real (loop_data's fallback).
-        tokenizer = load_tokenizer(_tokenizer(Path(tmp)))
+        tokenizer = load_tokenizer(tokenizer_dir(Path(tmp)))
     feature_dim = detector.cfg.feature_dim
     torch.manual_seed(s.seed)
     model = VlBertForPreTraining(vlbert_config(s.size, feature_dim, tokenizer.vocab_size),
@@ -233,7 +233,7 @@ def build(s: EndToEndSettings, device: torch.device) -> Bench:
                                 static_shapes=cuda, float16_features=cuda)
     optim = OptimConfig()
     optimizer = torch.optim.AdamW(
-        _param_groups(module, optim.weight_decay, optim.lr, visual.lr_multiplier),
+        param_groups(module, optim.weight_decay, optim.lr, visual.lr_multiplier),
         lr=optim.lr, betas=optim.betas, eps=optim.eps, fused=True,
     )
     name = "VL-BERT-base" if s.size == "paper" else "VL-BERT tiny"

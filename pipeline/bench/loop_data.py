@@ -78,10 +78,12 @@ def write_world(root: Path, *, images: int, regions: int, feature_dim: int, answ
     for split, lines in records.items():
         lines.sort(key=lambda r: r["image"])
         (corpus / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    return corpus, shard_dir, _tokenizer(root)
+    return corpus, shard_dir, tokenizer_dir(root)
 
 
-def _tokenizer(root: Path) -> Path | None:
+def tokenizer_dir(root: Path) -> Path | None:
+    """None when the bundled BERT tokenizer is installed; else a directory under `root` holding a
+    vocabulary of the benchmark's words padded to BERT's size (a GPU machine's own Python)."""
     try:
         bundled_bert_dir()
         return None

@@ -75,7 +75,7 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _param_groups(model: nn.Module, weight_decay: float, lr: float,
+def param_groups(model: nn.Module, weight_decay: float, lr: float,
                   visual_lr_multiplier: float) -> list[dict]:
     """No weight decay on biases and norms; a detector trained end to end (the parameters under
     `front_end.`) at lr x visual_lr_multiplier."""
@@ -155,7 +155,7 @@ class Trainer:
         optim = self.config.optim
         # Fused: one kernel over all parameters, on CPU too (a tiny model's step spent 25 ms of
         # its ~120 in the per-tensor AdamW, mostly on the 30,522-row word embedding; fused: 1.3).
-        groups = _param_groups(self.module, optim.weight_decay, optim.lr,
+        groups = param_groups(self.module, optim.weight_decay, optim.lr,
                                self.config.visual.lr_multiplier)
         self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas,
                                            eps=optim.eps, fused=True)
