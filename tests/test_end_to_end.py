@@ -168,3 +168,26 @@ def test_vqa_fine_tuning_trains_the_detector_too(image_world, tmp_path):
     before = load_file(str(WEIGHTS))
     assert not torch.equal(saved["roi_heads.res5.0.conv1.weight"],
                            before["roi_heads.res5.0.conv1.weight"])
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.parametrize("trainable", [False, True])
+def test_two_ray_workers_train_vlbert(image_world, tmp_path, trainable):
+    """DDP over two Ray Train workers trains VL-BERT, whose pooler no pretraining loss reads
+    (DDP would wait for its gradient), with features from the shards or with the detector in
+    the model: then the checkpoint holds the trained detector, its frozen stem unchanged."""
+    sets = [*VISUAL[1:], f"visual.trainable={str(trainable).lower()}", "run.workers=2",
+            "run.max_steps=3", "run.epochs=100", "data.batch_size=8",
+            "data.train_splits=[train, nominival]", "run.threads_per_worker=1"]
+    out = tmp_path / "ray"
+    run_training(pretrain_job, tiny_config(image_world, "vlbert", *sets), out)
+    if not trainable:
+        assert sorted(train_losses(out)) == [1, 2, 3]
+        return
+    assert sorted(train_losses(out)) == [1, 2, 3]
+    before = load_file(str(WEIGHTS))
+    after = load_file(str(checkpoint_dirs(out)[-1] / "detector.safetensors"))
+    assert not torch.equal(before["backbone.res4.0.conv1.weight"],
+                           after["backbone.res4.0.conv1.weight"])
+    assert torch.equal(before["backbone.stem.conv1.weight"], after["backbone.stem.conv1.weight"])

@@ -12,6 +12,7 @@ and scheduler state and the data position; a resumed run repeats the uninterrupt
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections.abc import Iterator
@@ -235,17 +236,26 @@ class Trainer:
                     gpu=self.device.type == "cuda")
 
     def _wrap(self, batch) -> None:
-        """DDP around the module. DDP must be told when some parameters get no gradient (a head
-        whose task is off, say), and that costs a graph walk each step, so find out first: one
-        forward and backward of the first batch, without an optimizer step, agreed over ranks."""
+        """DDP around the module. Parameters that no loss reaches (a head whose task is off, the
+        pooler VL-BERT's objectives never read) would make DDP wait for their gradients forever,
+        so find them first: one forward and backward of the first batch, without an optimizer
+        step. When every rank finds the same ones they stop requiring a gradient (they got none
+        and AdamW skipped them: the run is unchanged); ranks that disagree fall back to DDP's
+        find_unused_parameters, a graph walk each step."""
         losses, _ = self._forward(batch, _seed(self.config.run.seed, 0, self.rank, 2), self.module)
         sum(losses.values()).backward()
-        unused = any(p.requires_grad and p.grad is None for p in self.module.parameters())
+        unused = [name for name, p in self.module.named_parameters()
+                  if p.requires_grad and p.grad is None]
         self.optimizer.zero_grad(set_to_none=True)
-        unused = self.reducer.sum({"unused": float(unused)})["unused"] > 0
+        signature = float(int(hashlib.sha256("\n".join(unused).encode()).hexdigest()[:12], 16))
+        agreed = self.reducer.sum({"s": signature})["s"] == signature * self.world
+        if agreed:
+            parameters = dict(self.module.named_parameters())
+            for name in unused:
+                parameters[name].requires_grad_(False)
         ids = [self.device.index] if self.device.type == "cuda" else None
         self.model = nn.parallel.DistributedDataParallel(
-            self.module, device_ids=ids, find_unused_parameters=unused
+            self.module, device_ids=ids, find_unused_parameters=not agreed
         )
 
     def _val_batch(self, index: int, rows: list, *, whole: bool) -> TrainBatch:
