@@ -16,6 +16,19 @@ import pytest
 pytest_plugins = ["s3_server"]  # the local S3 server: fixtures s3_server, bucket
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads():
+    """Each test gets the session's torch thread count back: building a training Job sets it
+    (`run.threads_per_worker`), and CPU numerics depend on it (an extraction at 1 thread differs
+    in float rounding from one at 2: the Ray tests, whose actors use their own count, then saw
+    other samples than their in-process reference)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @dataclass(frozen=True)
 class WorldShards:
     """world: the generated world's root (vg/, coco/, vqa/, ... and world.json).
