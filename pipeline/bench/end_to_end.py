@@ -51,7 +51,6 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,7 +67,7 @@ from model.vlbert import VlBertConfig
 from model.vlbert_pretraining import VlBertForPreTraining
 from pipeline.bench.extract import peak_tflops
 from pipeline.bench.loop_data import WORDS, tokenizer_dir
-from pipeline.bench.model import hardware
+from pipeline.bench.model import hardware, time_rounds
 from pipeline.common.assets import bundled_detector
 from pipeline.common.text import load_tokenizer
 from pipeline.corpus.pairs import Pair
@@ -308,41 +307,6 @@ def step_fns(bench: Bench, batch: TrainBatch, s: EndToEndSettings,
     return {"step": step, "front end": front_end}
 
 
-def time_rounds(runs: dict[str, Callable[[], Any]], s: EndToEndSettings,
-                device: torch.device) -> dict[str, dict[str, Any]]:
-    """Warm-up seconds, then per round: wall and process CPU seconds, peak bytes (CUDA); the
-    rounds alternate the runs (a, b, b, a, ...) so that machine noise hits both."""
-    cuda = device.type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    timing = {name: {"wall": [], "cpu": [], "peak": 0, "warmup_s": 0.0} for name in runs}
-    for name, run in runs.items():
-        start = time.perf_counter()
-        for _ in range(s.warmup):
-            run()
-        sync()
-        timing[name]["warmup_s"] = time.perf_counter() - start
-    names = list(runs)
-    for r in range(s.rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            sync()
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(device)
-            start, start_cpu = time.perf_counter(), time.process_time()
-            for _ in range(s.steps):
-                runs[name]()
-            sync()
-            timing[name]["wall"].append(time.perf_counter() - start)
-            timing[name]["cpu"].append(time.process_time() - start_cpu)
-            if cuda:
-                timing[name]["peak"] = max(timing[name]["peak"],
-                                           torch.cuda.max_memory_allocated(device))
-    return timing
-
-
 def front_end_flops(step: Callable[[], Any], module: EndToEnd) -> tuple[float, float]:
     """(FLOPs of one whole step, of it those under module.front_end), forward and backward."""
     with FlopCounterMode(display=False, depth=None) as counter:
@@ -356,16 +320,16 @@ def bench_batch(bench: Bench, s: EndToEndSettings, batch_size: int,
     """One row: the step and the front end alone at `batch_size`."""
     batch = make_batch(bench, s, batch_size, device)
     runs = step_fns(bench, batch, s, device)
-    timing = time_rounds(runs, s, device)
+    timing = time_rounds(runs, device, s)
     total, front = front_end_flops(runs["step"], bench.module)
     losses = {k: v.item() for k, v in runs["step"]().items()}
     cuda = device.type == "cuda"
 
     def per_step_ms(name: str, key: str) -> float:
-        return 1000 * statistics.median(timing[name][key]) / s.steps
+        return 1000 * statistics.median(getattr(timing[name], key)) / s.steps
 
     step_ms, front_ms = per_step_ms("step", "wall"), per_step_ms("front end", "wall")
-    rates = [batch_size * s.steps / w for w in timing["step"]["wall"]]
+    rates = [batch_size * s.steps / w for w in timing["step"].wall]
     images = batch.inputs["images"]
     peak = peak_tflops(torch.cuda.get_device_name(device), s.dtype) if cuda else None
     rate = 1000 * batch_size / step_ms
@@ -377,11 +341,11 @@ def bench_batch(bench: Bench, s: EndToEndSettings, batch_size: int,
         "round_images_per_s": rates,
         "ms_per_step": step_ms,
         "cpu_ms_per_step": per_step_ms("step", "cpu"),
-        "peak_memory_gib": timing["step"]["peak"] / 2**30 if cuda else None,
-        "warmup_s": timing["step"]["warmup_s"],
+        "peak_memory_gib": timing["step"].peak_bytes / 2**30 if cuda else None,
+        "warmup_s": timing["step"].warmup_s,
         "front_end_ms_per_step": front_ms,
         "front_end_cpu_ms_per_step": per_step_ms("front end", "cpu"),
-        "front_end_peak_memory_gib": timing["front end"]["peak"] / 2**30 if cuda else None,
+        "front_end_peak_memory_gib": timing["front end"].peak_bytes / 2**30 if cuda else None,
         "front_end_time_share": front_ms / step_ms,
         "gflop_per_step": total / 1e9,
         "front_end_gflop_per_step": front / 1e9,

@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import statistics
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeline.bench.dispatch import count_dispatch
 from pipeline.bench.extract import peak_tflops
 from pipeline.bench.loop_data import BERT_VOCAB, write_world
+from pipeline.bench.model import time_rounds
 from pipeline.common.config import to_dict
 from pipeline.pretrain.config import DataConfig, PretrainConfig
 from pipeline.pretrain.job import pretrain_job
@@ -97,11 +97,6 @@ def bench_loop(s, model_config, *, data_workers: int, shapes: str) -> dict[str, 
 
 def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
     cuda = device.type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
     steps = trainer.steps()
     builder = BatchBuilder(trainer.train_stream, trainer.objective, trainer.texts,
                            seed=s.seed, rank=0)
@@ -112,26 +107,17 @@ def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
         trainer.train_micro(resident, s.seed)
         trainer.optimizer_step()
 
-    runs = {"loop": lambda: next(steps), "model alone": model_step}
-    warmup = {}
-    for name, run in runs.items():  # the loop first: with run.compile its first steps compile
-        start = time.perf_counter()
-        for _ in range(s.warmup):
-            run()
-        sync()
-        warmup[name] = time.perf_counter() - start
-    timing = {name: {"wall": [], "cpu": [], "wait": []} for name in runs}
-    for r in range(s.rounds):
-        for name in list(runs) if r % 2 == 0 else list(runs)[::-1]:
-            sync()
-            trainer.data_wait = 0.0
-            start, start_cpu = time.perf_counter(), time.process_time()
-            for _ in range(s.steps):
-                runs[name]()
-            sync()
-            timing[name]["wall"].append(time.perf_counter() - start)
-            timing[name]["cpu"].append(time.process_time() - start_cpu)
-            timing[name]["wait"].append(trainer.data_wait)
+    waits: list[float] = []  # each loop step's wait for its batch (and its copy), in order
+
+    def loop_step() -> None:
+        before = trainer.data_wait
+        next(steps)
+        waits.append(trainer.data_wait - before)
+
+    # The loop first: with run.compile its warm-up steps hold the compilation.
+    runs = {"loop": loop_step, "model alone": model_step}
+    timing = time_rounds(runs, device, s)
+    timed_wait = sum(waits[s.warmup:])  # the model alone waits for nothing
     counts = {name: count_dispatch(run)[1] for name, run in runs.items()}
     with FlopCounterMode(display=False) as flops:
         model_step()
@@ -139,7 +125,7 @@ def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
     rows_out = []
     for name in runs:
         t = timing[name]
-        rates = [s.batch_size * s.steps / w for w in t["wall"]]
+        rates = [s.batch_size * s.steps / w for w in t.wall]
         rate = statistics.median(rates)
         per_step = 1000 / (s.steps * s.rounds)
         rows_out.append({
@@ -147,16 +133,16 @@ def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
             "samples_per_s": rate,
             "spread": [min(rates), max(rates)],
             "round_samples_per_s": rates,
-            "ms_per_step": sum(t["wall"]) * per_step,
-            "cpu_ms_per_step": sum(t["cpu"]) * per_step,
-            "data_wait_ms_per_step": sum(t["wait"]) * per_step,
+            "ms_per_step": sum(t.wall) * per_step,
+            "cpu_ms_per_step": sum(t.cpu) * per_step,
+            "data_wait_ms_per_step": (timed_wait if name == "loop" else 0.0) * per_step,
             "ops_per_step": counts[name].ops,
             "syncs_per_step": counts[name].syncs,
             "sync_ops": dict(counts[name].sync_ops),
             "gflop_per_step": flops.get_total_flops() / 1e9,
             "mfu": (flops.get_total_flops() * rate / s.batch_size / (peak * 1e12)
                     if peak else None),
-            "warmup_s": warmup[name],
+            "warmup_s": t.warmup_s,
         })
     loop, alone = rows_out
     return {

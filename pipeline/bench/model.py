@@ -161,18 +161,19 @@ def hardware(device: Any) -> str:
 
 @dataclass
 class Timing:
-    """One model's wall and process-CPU seconds per round, and peak transient bytes (CUDA)."""
+    """One run's wall and process-CPU seconds per round; on CUDA its peak bytes, transient (above
+    what was allocated when its round began) and in all."""
 
     wall: list[float]
     cpu: list[float]
     transient_bytes: int = 0
+    peak_bytes: int = 0
     warmup_s: float = 0.0  # the untimed first steps, compilation included
 
 
-def time_rounds(
-    steps: dict[str, Callable[[], None]], device: Any, s: BenchSettings
-) -> dict[str, Timing]:
-    """Warm up, then time alternating rounds of each model's steps."""
+def time_rounds(steps: dict[str, Callable[[], Any]], device: Any, s: Any) -> dict[str, Timing]:
+    """Warm up (s.warmup steps each), then time s.rounds alternating rounds (a, b, b, a, ...: so
+    that machine noise hits every run) of s.steps steps of each; the benchmarks' one timer."""
     import torch
 
     cuda = device.type == "cuda"
@@ -202,8 +203,9 @@ def time_rounds(
             timing[name].wall.append(time.perf_counter() - start)
             timing[name].cpu.append(time.process_time() - start_cpu)
             if cuda:
-                peak = torch.cuda.max_memory_allocated(device) - base
-                timing[name].transient_bytes = max(timing[name].transient_bytes, peak)
+                peak = torch.cuda.max_memory_allocated(device)
+                timing[name].transient_bytes = max(timing[name].transient_bytes, peak - base)
+                timing[name].peak_bytes = max(timing[name].peak_bytes, peak)
     return timing
 
 
