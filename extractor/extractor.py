@@ -26,7 +26,7 @@ from extractor.config import ExtractorConfig
 from extractor.detector import BUTDDetector, RoIHeadOutputs, clip_boxes
 from extractor.features import RegionFeatures
 from extractor.host import Transfer, fetch
-from extractor.preprocess import PreparedImage
+from extractor.preprocess import PreparedImage, pad_batch
 from extractor.selection import select_regions
 
 STAGES = ("prepare", "backbone", "rpn", "roi_head", "selection")
@@ -148,14 +148,9 @@ class Extractor:
     def _batch(self, images: list[PreparedImage]) -> torch.Tensor:
         """(N, 3, H, W) mean-subtracted BGR, zero-padded at the bottom/right of each image to a
         size that is a multiple of `pad_multiple`."""
-        height = _round_up(max(im.pixels.shape[1] for im in images), self.pad_multiple)
-        width = _round_up(max(im.pixels.shape[2] for im in images), self.pad_multiple)
-        batch = torch.zeros(len(images), 3, height, width, device=self.device)
-        for i, im in enumerate(images):
-            _, h, w = im.pixels.shape
-            # uint8 or float32 as given (pinned: the copy does not block), float32 on the device.
-            pixels = im.pixels.to(self.device, non_blocking=True).float()
-            batch[i, :, :h, :w] = pixels - self.pixel_mean
+        # uint8 or float32 as given (pinned: the copy does not block), float32 on the device.
+        batch = pad_batch([im.pixels for im in images], self.pixel_mean, self.pad_multiple,
+                          self.device)
         return batch.contiguous(memory_format=self.memory_format)
 
     def __call__(
@@ -385,10 +380,6 @@ def _empty_arrays(cfg: ExtractorConfig, head: RoIHeadOutputs) -> dict[str, np.nd
     if cfg.save_class_probs:
         arrays["cls_probs"] = np.zeros((0, head.cls_logits.shape[1]), np.float32)
     return arrays
-
-
-def _round_up(size: int, multiple: int) -> int:
-    return -(-size // multiple) * multiple
 
 
 def _background_first(probs: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,6 +129,24 @@ def resize_image(image_bgr: np.ndarray, cfg: PreprocessConfig) -> PreparedImage:
         orig_height=height,
         orig_width=width,
     )
+
+
+def pad_batch(pixels: Sequence[torch.Tensor], pixel_mean: torch.Tensor, multiple: int,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+    """Images (3, h, w) of any dtype -> (N, 3, H, W) float32 on `device`: each minus `pixel_mean`
+    (3, 1, 1) at the top left, zero-padded to the largest size rounded up to `multiple`. The
+    copies to the device do not block (pinned sources then overlap)."""
+    height = _round_up(max(p.shape[1] for p in pixels), multiple)
+    width = _round_up(max(p.shape[2] for p in pixels), multiple)
+    batch = torch.zeros(len(pixels), 3, height, width, device=device)
+    for i, image in enumerate(pixels):
+        _, h, w = image.shape
+        batch[i, :, :h, :w] = image.to(device, non_blocking=True).float() - pixel_mean
+    return batch
+
+
+def _round_up(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
 
 
 def caffe_scale(height: int, width: int, cfg: PreprocessConfig) -> float:

@@ -30,7 +30,7 @@ import torch
 
 from extractor.config import DetectorConfig, PreprocessConfig
 from extractor.front_end import flip_boxes, scale_boxes
-from extractor.preprocess import PreparedImage, decode_image, resize_image
+from extractor.preprocess import PreparedImage, decode_image, pad_batch, resize_image
 from pipeline.train.batch import TrainBatch
 from shards.schema import Sample, SchemaError
 
@@ -102,21 +102,18 @@ def add_pixels(batch: TrainBatch, samples: Sequence[Sample], rng: np.random.Gene
     prepared = [_prepare(sample, cfg.preprocess) for sample in samples]
     flips = rng.random(S) < cfg.flip_prob if cfg.flip_prob > 0 else np.zeros(S, dtype=bool)
 
-    height = _round_up(max(im.pixels.shape[1] for im in prepared), cfg.size_multiple)
-    width = _round_up(max(im.pixels.shape[2] for im in prepared), cfg.size_multiple)
-    mean = torch.tensor(cfg.pixel_mean_bgr, dtype=torch.float32).view(3, 1, 1)
-    images = torch.zeros(S, 3, height, width)
+    pixels = [image.pixels for image in prepared]
     pixel_boxes = torch.zeros(S, N, 4)
     for i, (sample, image, flip) in enumerate(zip(samples, prepared, flips)):
-        _, h, w = image.pixels.shape
-        pixels = image.pixels.float() - mean  # the Extractor's arithmetic, bit for bit
         n = min(sample.num_boxes, N)
         scaled = scale_boxes(sample.arrays["boxes"][:n], image)  # (n, 4)
         if flip:
-            pixels, scaled = pixels.flip(-1), flip_boxes(scaled, w)
+            pixels[i] = pixels[i].flip(-1)
+            scaled = flip_boxes(scaled, image.pixels.shape[2])
             norm[i, :n] = flip_boxes(norm[i, :n], 1.0)
-        images[i, :, :h, :w] = pixels
         pixel_boxes[i, :n] = scaled
+    mean = torch.tensor(cfg.pixel_mean_bgr, dtype=torch.float32).view(3, 1, 1)
+    images = pad_batch(pixels, mean, cfg.size_multiple)  # the Extractor's batching, bit for bit
 
     inputs = {k: v for k, v in batch.inputs.items() if k != "features"}
     inputs["boxes"] = norm.view(boxes.shape)
@@ -144,7 +141,3 @@ def _prepare(sample: Sample, preprocess: PreprocessConfig) -> PreparedImage:
             f"but its regions were extracted on {stored[1]}x{stored[0]}"
         )
     return image
-
-
-def _round_up(size: int, multiple: int) -> int:
-    return -(-size // multiple) * multiple
