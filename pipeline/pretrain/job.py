@@ -24,6 +24,7 @@ from pipeline.extract.detector import load_extraction_detector
 from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end
 from pipeline.train.loop import count_steps
 from shards.reader import iter_samples, list_shards
+from shards.schema import Sample
 from shards.storage import as_path
 
 # The config's files and directories, made absolute before the run starts.
@@ -31,10 +32,10 @@ PATHS = ("data.corpus", "data.shards", "data.tokenizer", "run.init_text", "visua
          "visual.weights")
 
 
-def feature_dim(shards: list[Path]) -> int:
-    """The region feature size recorded in the first shard."""
+def first_sample(shards: list[Path]) -> Sample:
+    """The first shard's first sample: its feature size, whether the shards keep images."""
     for sample in iter_samples(shards[:1]):
-        return int(sample.meta["feature_dim"])
+        return sample
     raise ValueError(f"{shards[0]}: the shard holds no sample")
 
 
@@ -85,11 +86,12 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
     tokenizer = load_tokenizer(data.tokenizer or None)
     train = train_stream(config, rank, world)
     shards = train.shard_paths
+    first = first_sample(shards)
     corpus = as_path(data.corpus)
     config = derive(
         config,
         vocab_size=tokenizer.vocab_size,
-        feature_dim=feature_dim(shards),
+        feature_dim=int(first.meta["feature_dim"]),
         num_answers=len(load_answers(corpus)),
     )
     arch = ARCHS[config.arch]
@@ -132,7 +134,7 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         detector, extraction = load_extraction_detector(visual.extract_config or None,
                                                         visual.weights)
         module, pixels = end_to_end(visual, module, detector, extraction.preprocess,
-                                    next(iter_samples(shards[:1])), ", ".join(data.shards), device)
+                                    first, ", ".join(data.shards), device)
 
         def save_detector(module: nn.Module, directory: Path) -> None:
             fresh, _ = load_extraction_detector(visual.extract_config or None, visual.weights)
