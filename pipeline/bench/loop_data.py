@@ -86,10 +86,12 @@ def tokenizer_dir(root: Path) -> Path | None:
     vocabulary of the benchmark's words padded to BERT's size (a GPU machine's own Python)."""
     try:
         bundled_bert_dir()
-        return None
     except ImportError:
-        pass
-    directory = root / "tokenizer"
+        return _write_vocabulary(root / "tokenizer")
+    return None
+
+
+def _write_vocabulary(directory: Path) -> Path:
     directory.mkdir()
     known = [*SPECIAL, *sorted(set(WORDS) | {w for q in QUESTIONS for w in q.split()}), "?"]
     vocab = known + [f"[unused{i}]" for i in range(BERT_VOCAB - len(known))]
