@@ -5,6 +5,7 @@ extract.py        images/s and ms per stage of `pipeline extract`'s own path; --
 peaked.py         random detector weights with a trained detector's confident scores
 dispatch.py       host syncs and kernel-launching ops of a call, counted exactly on any device
 pretrain.py       pretraining samples/s for 1, 2, ... Ray Train workers
+timing.py         the benchmarks' one timer: warm-up apart, alternating rounds
 model.py          training samples/s of our model against transformers' (also `python -m
                   pipeline.bench.model`)
 model_lxmert.py   the LXMERT pair for model.py: same weights, batch and loss in both

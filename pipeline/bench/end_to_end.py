@@ -67,7 +67,8 @@ from model.vlbert import VlBertConfig
 from model.vlbert_pretraining import VlBertForPreTraining
 from pipeline.bench.extract import peak_tflops
 from pipeline.bench.loop_data import WORDS, tokenizer_dir
-from pipeline.bench.model import hardware, time_rounds
+from pipeline.bench.model import hardware
+from pipeline.bench.timing import time_rounds
 from pipeline.common.assets import bundled_detector
 from pipeline.common.text import load_tokenizer
 from pipeline.corpus.pairs import Pair

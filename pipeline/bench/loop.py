@@ -31,7 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from pipeline.bench.dispatch import count_dispatch
 from pipeline.bench.extract import peak_tflops
 from pipeline.bench.loop_data import BERT_VOCAB, write_world
-from pipeline.bench.model import time_rounds
+from pipeline.bench.timing import time_rounds
 from pipeline.common.config import to_dict
 from pipeline.pretrain.config import DataConfig, PretrainConfig
 from pipeline.pretrain.job import pretrain_job
