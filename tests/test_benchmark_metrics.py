@@ -11,6 +11,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.evaluate.gqa import evaluate_gqa
+from pipeline.evaluate.inputs import EvaluationError
 from pipeline.evaluate.nlvr2 import evaluate_nlvr2, sentence_key
 from pipeline.evaluate.vqa import (
     VQAAnnotation,
@@ -330,3 +331,21 @@ def test_perfect_predictions_on_the_generated_world_score_100(world, tmp_path):
         scores = evaluate_nlvr2(predictions, labels)
         assert scores.rows == len(rows) > scores.sentences > 0
         assert scores.as_dict() == {"accuracy": 100.0, "consistency": 100.0}
+
+
+def test_vqa_scores_a_kind_of_question_but_checks_coverage_on_all(world, tmp_path):
+    annotations = world / "vqa" / "v2_mscoco_val2014_annotations.json"
+    questions = world / "vqa" / "v2_OpenEnded_mscoco_val2014_questions.json"
+    gold = json.loads(annotations.read_text())["annotations"]
+    wrong = {a["question_id"] for a in gold[::3]}
+    rows = [{"question_id": a["question_id"],
+             "answer": "nonsense" if a["question_id"] in wrong else a["multiple_choice_answer"]}
+            for a in gold]
+    predictions = _write_json(tmp_path / "vqa.json", rows)
+    assert evaluate_vqa(predictions, annotations, questions, question_ids=wrong).overall == 0.0
+    right = {a["question_id"] for a in gold} - wrong
+    scores = evaluate_vqa(predictions, annotations, questions, question_ids=right)
+    assert (scores.overall, scores.questions) == (100.0, len(right))
+    _write_json(predictions, rows[1:])  # the subset is scored, but every question must be answered
+    with pytest.raises(EvaluationError, match="no prediction for 1 of"):
+        evaluate_vqa(predictions, annotations, questions, question_ids=right)

@@ -169,6 +169,26 @@ def test_vqa_fine_tuning_trains_the_detector_too(image_world, tmp_path):
     assert not torch.equal(saved["roi_heads.res5.0.conv1.weight"],
                            before["roi_heads.res5.0.conv1.weight"])
 
+    # It predicts as it trained: its own detector computes the features from the images.
+    from pipeline.finetune.data import Features, subset_examples
+    from pipeline.finetune.predict import load_run_model, predict_subset
+    from pipeline.train.end_to_end import EndToEnd
+
+    predictions = predict_subset("vqa", out, "val2014")
+    examples = subset_examples("vqa", image_world.world / "vqa", "val2014")
+    assert [qid for qid, _ in predictions] == [e.id for e in examples]
+    run = load_run_model(out)
+    assert isinstance(run.model, EndToEnd)
+    features = Features.open([str(image_world.shards[0])], 0)
+    rows = examples[:4]
+    samples = [tuple(features[k] for k in e.images) for e in rows]
+    with torch.no_grad():
+        trained = run.model(**run.make_batch(rows, samples).inputs)
+        from_shards = run.model.model(**run.objective.make_batch(rows, samples).inputs)
+    assert [run.vocab.answers[i] for i in trained.argmax(-1).tolist()] == \
+        [answer for _, answer in predictions[:4]]
+    assert not torch.allclose(trained, from_shards)
+
 
 @pytest.mark.ray
 @pytest.mark.slow

@@ -242,14 +242,18 @@ def read_predictions(path: Path) -> dict[int, str]:
 
 
 def evaluate_vqa(predictions: Path, annotations: Path, questions: Path,
-                 images: set[int] | None = None) -> VQAScores:
+                 images: set[int] | None = None,
+                 question_ids: set[int] | None = None) -> VQAScores:
     """The official evaluation of a submission file against the annotation files. As the official
     evaluator asserts, the predictions must cover exactly the annotated questions: those of
-    `images` (COCO image ids) when given, as for LXMERT's minival."""
+    `images` (COCO image ids) when given, as for LXMERT's minival. With `question_ids`, only
+    those of them are scored (a kind of question), the coverage still checked on all."""
     gold = read_annotations(annotations, questions)
     if images is not None:
         gold = [a for a in gold if a.image_id in images]
     predicted = read_predictions(predictions)
     check_coverage(predicted, [a.question_id for a in gold], predictions, annotations,
                    unknown_allowed=False)
+    if question_ids is not None:
+        gold = [a for a in gold if a.question_id in question_ids]
     return score_vqa(predicted, gold)

@@ -32,7 +32,7 @@ from pipeline.finetune.examples import Example
 from pipeline.finetune.objective import task_objective
 from pipeline.train.config import static_shapes
 from pipeline.extract.detector import load_extraction_detector
-from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end
+from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end, require_images
 from pipeline.train.job import Job
 from pipeline.train.loop import count_steps
 
@@ -171,11 +171,10 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
         if config.task == "nlvr2":
             raise ConfigError("visual.trainable: end-to-end training takes rows of one image; "
                               "NLVR2's rows have two (train it on frozen features)")
+        require_images(features[train[0].images[0]], ", ".join(config.data.shards))
         detector, extraction = load_extraction_detector(visual.extract_config or None,
                                                         visual.weights)
-        module, pixels = end_to_end(visual, module, detector, extraction.preprocess,
-                                    features[train[0].images[0]],
-                                    ", ".join(config.data.shards), device)
+        module, pixels = end_to_end(visual, module, detector, extraction.preprocess, device)
 
         def save_detector(module: nn.Module, directory: Path) -> None:
             fresh, _ = load_extraction_detector(visual.extract_config or None, visual.weights)

@@ -3,16 +3,20 @@
 VQA: `[{"question_id": int, "answer": str}]`; GQA: `[{"questionId": str, "prediction": str}]`;
 NLVR2: CSV lines `identifier,True|False` (no header). Examples whose images are not in the
 shards are an error: a submission must answer every question. `load_run_model` rebuilds a run's
-model from its directory (also for pipeline/demo/pictures.py).
+model from its directory (also for pipeline/demo/pictures.py). A run that trained its detector end
+to end (visual.trainable) predicts as it trained: its checkpoint's detector computes the region
+features from the shards' images and boxes (no flips), not the shards' features.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 import yaml
 from tqdm import tqdm
@@ -21,10 +25,15 @@ from model.tasks import TaskModel
 from pipeline.finetune.answers import AnswerVocab
 from pipeline.finetune.config import FinetuneConfig, config_from_dict
 from pipeline.finetune.data import EvalStream, Features, holdout_images, subset_examples
-from pipeline.finetune.examples import TaskDataError
+from pipeline.finetune.examples import Example, TaskDataError
 from pipeline.finetune.job import ANSWERS_FILE, build_task_model
 from pipeline.finetune.objective import AnswerTask, PairTask, task_objective
+from pipeline.extract.detector import load_extraction_detector
+from pipeline.train.batch import TrainBatch
 from pipeline.train.checkpoint import latest_checkpoint, load_state
+from pipeline.train.end_to_end import DETECTOR_FILE, end_to_end, require_images
+from pipeline.train.pixels import PixelConfig, add_pixels, row_images
+from shards.schema import Sample
 from pipeline.common.text import load_tokenizer
 
 
@@ -32,12 +41,24 @@ from pipeline.common.text import load_tokenizer
 class RunModel:
     """A fine-tuned run rebuilt for inference: its config (as saved), the task model with the
     checkpoint's weights in eval mode, the answer vocabulary (None for NLVR2) and the objective
-    that batches examples for the model (AnswerTask, or PairTask for NLVR2)."""
+    that batches examples for the model (AnswerTask, or PairTask for NLVR2); pixels: how a
+    batch's images are prepared when the run trained its detector end to end (the model is then
+    an EndToEnd around the task model), else None."""
 
     config: FinetuneConfig
     model: TaskModel
     vocab: AnswerVocab | None
     objective: AnswerTask | PairTask
+    pixels: PixelConfig | None = None
+
+    def make_batch(self, examples: Sequence[Example], samples: Sequence[tuple[Sample, ...]]
+                   ) -> TrainBatch:
+        """The model's inputs for `examples` on `samples`, their images added when the model
+        computes its region features."""
+        batch = self.objective.make_batch(examples, samples)
+        if self.pixels is None:
+            return batch
+        return add_pixels(batch, row_images(samples), np.random.default_rng(0), self.pixels)
 
 
 def load_run_model(run_dir: Path, checkpoint: Path | None = None, *,
@@ -66,6 +87,9 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None, *,
     # config.yaml records the encoder the run trained (job.py), its feature width included.
     model, _ = build_task_model(config, vocab=vocab, vocab_size=tokenizer.vocab_size,
                                 feature_dim=config.model.visual_feat_dim)
+    pixels = None
+    if config.visual.trainable:
+        model, pixels = _with_front_end(config, model, ckpt)
     model.load_state_dict(load_state(ckpt)["model"])
     # A diverged run's NaN weights answer every question with the same answer, silently.
     broken = [name for name, value in model.state_dict().items()
@@ -77,7 +101,21 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None, *,
         )
     model.eval()
     objective = task_objective(tokenizer, vocab, config.data)
-    return RunModel(config=config, model=model, vocab=vocab, objective=objective)
+    return RunModel(config=config, model=model, vocab=vocab, objective=objective, pixels=pixels)
+
+
+def _with_front_end(config: FinetuneConfig, model: TaskModel, ckpt: Path):
+    """`model` behind the detector the run trained (its checkpoint's DETECTOR_FILE), and how
+    images are prepared for it (as in training, without flips)."""
+    detector_file = ckpt / DETECTOR_FILE
+    if not detector_file.is_file():
+        raise TaskDataError(f"{ckpt}: no {DETECTOR_FILE}, though the run trained its detector "
+                            "(visual.trainable)")
+    detector, extraction = load_extraction_detector(config.visual.extract_config or None,
+                                                    str(detector_file))
+    wrapped, pixels = end_to_end(config.visual, model, detector, extraction.preprocess,
+                                 torch.device("cpu"))
+    return wrapped, replace(pixels, flip_prob=0.0)
 
 
 def predict_subset(task: str, run_dir: Path, subset: str, *, root: str | None = None,
@@ -107,13 +145,15 @@ def predict_subset(task: str, run_dir: Path, subset: str, *, root: str | None = 
             f"{', '.join(data.shards)} hold {feature_dim}-d features but {run_dir} was trained "
             f"on {run.config.model.visual_feat_dim}-d ones"
         )
+    if run.pixels is not None:
+        require_images(features[examples[0].images[0]], ", ".join(data.shards))
     stream = EvalStream(examples, features, batch_size=batch_size)
     out: list[tuple[str, str]] = []
     with torch.no_grad():
         for rows in tqdm(stream.batches(), total=-(-len(examples) // batch_size),
                          desc=f"predict {task} {subset}", unit="batch"):
             items = [example for example, _ in rows]
-            batch = run.objective.make_batch(items, [samples for _, samples in rows])
+            batch = run.make_batch(items, [samples for _, samples in rows])
             out.extend(zip([e.id for e in items], run.objective.predict(run.model, batch)))
     return out
 

@@ -21,7 +21,7 @@ from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.job import Job
 from pipeline.train.config import static_shapes
 from pipeline.extract.detector import load_extraction_detector
-from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end
+from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end, require_images
 from pipeline.train.loop import count_steps
 from shards.reader import iter_samples, list_shards
 from shards.schema import Sample
@@ -131,10 +131,10 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
     pixels = save_detector = None
     visual = config.visual
     if visual.trainable:
+        require_images(first, ", ".join(data.shards))
         detector, extraction = load_extraction_detector(visual.extract_config or None,
                                                         visual.weights)
-        module, pixels = end_to_end(visual, module, detector, extraction.preprocess,
-                                    first, ", ".join(data.shards), device)
+        module, pixels = end_to_end(visual, module, detector, extraction.preprocess, device)
 
         def save_detector(module: nn.Module, directory: Path) -> None:
             fresh, _ = load_extraction_detector(visual.extract_config or None, visual.weights)

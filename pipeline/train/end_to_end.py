@@ -63,19 +63,21 @@ class EndToEnd(nn.Module):
         return self.model(features=features, **inputs)
 
 
-def end_to_end(visual: VisualConfig, model: nn.Module, detector: BUTDDetector,
-               preprocess: PreprocessConfig, sample: Sample, shards: str,
-               device: torch.device) -> tuple[EndToEnd, PixelConfig]:
-    """`model` wrapped with a front end on `detector` (the one the shards were extracted with,
-    `preprocess` its extraction's), and how the rows' images join their batches. sample: one of
-    the run's shard samples (`shards` names their directories): ConfigError, before any step,
-    when it holds no image."""
+def require_images(sample: Sample, shards: str) -> None:
+    """ConfigError, before any step, when `sample` (one of a run's shard samples; `shards` names
+    their directories) holds no image: the front end trains and predicts on the images."""
     if sample.image_bytes is None:
         raise ConfigError(
             f"visual.trainable trains the detector on the images, but the shards of {shards} hold "
             f"none (sample {sample.key}): extract them again with `pipeline extract ... --set "
             f"output.keep_images=true`, or train on their features (visual.trainable=false)"
         )
+
+
+def end_to_end(visual: VisualConfig, model: nn.Module, detector: BUTDDetector,
+               preprocess: PreprocessConfig, device: torch.device) -> tuple[EndToEnd, PixelConfig]:
+    """`model` wrapped with a front end on `detector` (the one the shards were extracted with,
+    `preprocess` its extraction's), and how the rows' images join their batches."""
     front_end = VisualFrontEnd(detector, config=visual.front_end_config())
     pixels = PixelConfig(preprocess=preprocess, pixel_mean_bgr=detector.cfg.pixel_mean_bgr,
                          flip_prob=visual.flip_prob,

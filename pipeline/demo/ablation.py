@@ -1,0 +1,208 @@
+"""`pipeline ablate end-to-end`: VL-BERT's "tuning Fast R-CNN" ablation (Su et al. 2020, §4.3,
+Table 4) in miniature: does training the detector with the transformer help where its frozen
+features fall short?
+
+The world's property that the bundled detector reads poorly is material: the detector was
+trained on a world of one material, and a linear probe on its region features reads material at
+41% against a 36% majority (docs/results.md, "Material is the detector's blind spot").
+
+1. generate a world whose objects come in three materials (`pipeline world generate`);
+2. extract its COCO images with the bundled detector, each image and its regions' class
+   distributions kept (`pipeline extract --set output.keep_images=true --set
+   save_class_probs=true`);
+3. build the corpus, minival held out (`pipeline corpus build`), and pretrain a small VL-BERT on
+   the frozen features (`pipeline pretrain`): the one checkpoint both arms start from;
+4. fine-tune VQA from it twice, same steps, batch and seed, one run per core: on the shards'
+   frozen features, and with the detector trained end to end (`--set visual.trainable=true`);
+5. predict the minival questions (the end-to-end run with its own trained detector) and score
+   them with the official metric: all of them, and those that ask what an object is made of.
+
+Every step keeps its output under --out and is skipped (or resumed) when run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.arguments import add_config_args
+from pipeline.common.assets import CONFIGS
+from pipeline.common.config import resolve, to_dict
+
+HELP = "ablations in miniature on the world (end-to-end: detector trained with VL-BERT or not)"
+DESCRIPTION = (
+    "Reproduce a paper's ablation on a generated world. `end-to-end`: VL-BERT's 'tuning Fast "
+    "R-CNN' row. A world of three materials, which the bundled detector was never trained to "
+    "tell apart; a small VL-BERT pretrained on its frozen features; VQA fine-tuned from that one "
+    "checkpoint with frozen features and with the detector trained end to end (same steps, batch "
+    "and seed); the held-out minival questions scored with the official metric, all and those "
+    "asking for material. Prints the table and writes OUT/results.json. About 25 minutes on 2 "
+    "CPU cores; a second run reuses what the first finished. Sizes: --set vqa_steps=..., --set "
+    "world_images=... (see pipeline/demo/ablation.py)."
+)
+PRETRAIN_CONFIG = CONFIGS / "pretrain" / "vlbert_tiny.yaml"
+ARMS = ("frozen", "end_to_end")
+# What the VQA questions that ask for material say (pipeline/world/language/vqa.py).
+MATERIAL_WORDS = " made of"
+
+
+@dataclass(frozen=True)
+class AblationConfig:
+    """The world: world_images / world_seed, min_objects / max_objects per scene, the palette
+    (shapes, colors, materials: three materials, the property under test), vqa_per_image
+    questions per image and minival_images COCO val images held out, on which VQA is scored.
+    pretrain_epochs: VL-BERT pretraining passes over the corpus. vqa_steps / batch_size / lr:
+    each fine-tuning arm's steps, examples per step and peak learning rate (the detector's too:
+    visual.lr_multiplier 1, as VL-BERT). threads: torch threads per run; parallel: runs at once,
+    one per core (pipeline/demo/demo.py Trainings)."""
+
+    world_images: int = 600
+    world_seed: int = 7
+    min_objects: int = 1
+    max_objects: int = 3
+    shapes: tuple[str, ...] = ("ball", "box", "triangle", "star")
+    colors: tuple[str, ...] = ("red", "blue", "green", "yellow", "white")
+    materials: tuple[str, ...] = ("metal", "wooden", "plastic")
+    vqa_per_image: int = 30
+    minival_images: int = 60
+    pretrain_epochs: int = 4
+    vqa_steps: int = 600
+    batch_size: int = 16
+    lr: float = 1e-3
+    threads: int = 1
+    parallel: int = 2
+
+
+def _world_config(cfg: AblationConfig):
+    from pipeline.world.generate import WorldConfig
+
+    return WorldConfig(images=cfg.world_images, seed=cfg.world_seed, min_objects=cfg.min_objects,
+                       max_objects=cfg.max_objects, shapes=cfg.shapes, colors=cfg.colors,
+                       materials=cfg.materials, vqa_per_image=cfg.vqa_per_image)
+
+
+def _pretrain_config(cfg: AblationConfig, corpus: Path, coco: Path):
+    from pipeline.pretrain.config import load_config
+
+    return load_config(PRETRAIN_CONFIG, [
+        f"data.corpus={corpus}", f"data.shards=[{coco}]", "data.train_splits=[train,nominival]",
+        "data.sources=[mscoco]", "run.workers=0", f"run.epochs={cfg.pretrain_epochs}",
+        "run.log_every=10", f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200",
+    ])
+
+
+def _finetune_config(cfg: AblationConfig, arm: str, pretrain_run: Path, world: Path,
+                     corpus: Path, coco: Path):
+    from pipeline.common.assets import bundled_detector
+    from pipeline.finetune.config import load_config
+    from pipeline.train.checkpoint import latest_checkpoint
+
+    sets = [
+        "arch=vlbert", f"init={latest_checkpoint(pretrain_run) / 'model'}",
+        f"data.root={world / 'vqa'}", "data.train=[train2014]", "data.val=val2014",
+        f"data.holdout={corpus}", "data.min_answer_count=1", f"data.shards=[{coco}]",
+        f"data.batch_size={cfg.batch_size}", "run.workers=0", "run.epochs=1000",
+        f"run.max_steps={cfg.vqa_steps}", "run.log_every=10", "run.val_every=0",
+        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200",
+        f"optim.lr={cfg.lr}",
+    ]
+    if arm == "end_to_end":
+        config, weights = bundled_detector()
+        sets += ["visual.trainable=true", f"visual.weights={weights}",
+                 f"visual.extract_config={config}"]
+    return load_config("vqa", None, sets)
+
+
+def material_questions(questions: Path) -> set[int]:
+    """The ids of the VQA questions (a questions file) that ask what an object is made of."""
+    entries = json.loads(questions.read_text())["questions"]
+    return {q["question_id"] for q in entries if MATERIAL_WORDS in q["question"]}
+
+
+def score(run: Path, world: Path, corpus: Path) -> dict:
+    """A run's official VQA accuracy (%) on the minival questions, all and those asking for
+    material, with their counts; its predictions are written to run/minival_predictions.json."""
+    from pipeline.evaluate.vqa import evaluate_vqa
+    from pipeline.finetune.data import holdout_images
+    from pipeline.finetune.predict import predict_subset, write_submission
+
+    path = run / "minival_predictions.json"
+    write_submission("vqa", predict_subset("vqa", run, "val2014", holdout=str(corpus)), path)
+    images = {int(k.removeprefix("coco-")) for k in holdout_images(corpus)}
+    vqa = world / "vqa"
+    annotations = vqa / "v2_mscoco_val2014_annotations.json"
+    questions = vqa / "v2_OpenEnded_mscoco_val2014_questions.json"
+    every = evaluate_vqa(path, annotations, questions, images)
+    material = evaluate_vqa(path, annotations, questions, images, material_questions(questions))
+    return {"accuracy": every.overall, "questions": every.questions,
+            "material_accuracy": material.overall, "material_questions": material.questions}
+
+
+def format_results(results: dict) -> str:
+    lines = [f"{'VQA minival (official accuracy)':<34}{'all':>8}{'material':>10}"]
+    for arm in ARMS:
+        r = results[arm]
+        lines.append(f"  {arm.replace('_', ' '):<32}{r['accuracy']:8.2f}"
+                     f"{r['material_accuracy']:10.2f}")
+    gain = {k: results["end_to_end"][k] - results["frozen"][k]
+            for k in ("accuracy", "material_accuracy")}
+    lines.append(f"  {'gain':<32}{gain['accuracy']:+8.2f}{gain['material_accuracy']:+10.2f}")
+    first = results["frozen"]
+    lines.append(f"  ({first['questions']} questions, {first['material_questions']} about "
+                 "material)")
+    return "\n".join(lines)
+
+
+def run_end_to_end(cfg: AblationConfig, out: Path) -> dict:
+    """The ablation (module docstring) under `out`; returns results.json's dict."""
+    from pipeline.demo.demo import Steps, Trainings
+    from pipeline.demo.world_setup import Extraction, corpus, extract, generate
+    from pipeline.finetune.job import finetune_job
+    from pipeline.pretrain.job import pretrain_job
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ablation_config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
+    step = Steps(5)
+    step(f"generate a {cfg.world_images}-image world of {len(cfg.materials)} materials")
+    world = generate(_world_config(cfg), out / "world")
+    step("extract its COCO images with the bundled detector, images and class scores kept")
+    extraction = Extraction(engine="local", device="cpu", shard_size=64, class_probs=True,
+                            keep_images=True)
+    coco = extract(world, "coco", out / "features" / "coco", extraction)
+    step("build the corpus and pretrain a small VL-BERT on the frozen features")
+    corpus_dir = corpus(world, out / "corpus", minival_images=cfg.minival_images)
+    pretrain_run = out / "runs" / "pretrain"
+    runs = {arm: out / "runs" / f"vqa_{arm}" for arm in ARMS}
+    with Trainings(cfg.parallel) as trainings:
+        trainings.submit("pretrain", pretrain_job, _pretrain_config(cfg, corpus_dir, coco),
+                         pretrain_run)
+        trainings.wait()
+        step(f"fine-tune VQA for {cfg.vqa_steps} steps: frozen features, detector end to end")
+        for arm in ARMS:
+            config = _finetune_config(cfg, arm, pretrain_run, world, corpus_dir, coco)
+            trainings.submit(f"vqa {arm.replace('_', ' ')}", finetune_job, config, runs[arm])
+        trainings.wait()
+    step("score the held-out minival questions with the official metric")
+    results = {arm: score(runs[arm], world, corpus_dir) for arm in ARMS}
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(format_results(results))
+    return results
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ablation", choices=["end-to-end"],
+                        help="end-to-end: VQA with the detector frozen or trained with VL-BERT")
+    parser.add_argument("--out", default="ablation_out",
+                        help="output directory (default: ablation_out)")
+    add_config_args(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = resolve(AblationConfig(), args.config, args.sets)
+    out = Path(args.out).resolve()
+    run_end_to_end(cfg, out)
+    print(f"\nresults.json in {out}")
+    return 0
