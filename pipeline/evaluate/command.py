@@ -7,12 +7,16 @@ import argparse
 import json
 from pathlib import Path
 
+from pipeline.evaluate.flickr30k import evaluate_flickr30k
 from pipeline.evaluate.gqa import evaluate_gqa
 from pipeline.evaluate.inputs import EvaluationError
 from pipeline.evaluate.nlvr2 import evaluate_nlvr2
+from pipeline.evaluate.refcoco import evaluate_refcoco
+from pipeline.evaluate.vcr import evaluate_vcr
 from pipeline.evaluate.vqa import evaluate_vqa
 
-HELP = "official metrics of VQA v2, GQA and NLVR2 for a predictions file"
+HELP = ("official metrics of VQA v2, GQA, NLVR2, VCR, RefCOCO+ and Flickr30K retrieval for a "
+        "predictions file")
 DESCRIPTION = """\
 Score a predictions file with a benchmark's official metric, computed as the official
 evaluation script does (pipeline/evaluate/<benchmark>.py says how, and where it differs):
@@ -26,9 +30,25 @@ evaluation script does (pipeline/evaluate/<benchmark>.py says how, and where it 
          --annotations: <split>_balanced_questions.json (or <split>_all_questions.json).
   nlvr2  NLVR2 accuracy and consistency (a sentence counts when all its pairs are right).
          --predictions: CSV lines identifier,True|False; --annotations: dev.json / test1.json.
+  vcr    VCR Q->A, QA->R (rationales given the right answer) and Q->AR (both right); the
+         first of tied scores is the choice. --predictions: the leaderboard CSV (annot_id,
+         answer_0..3, rationale_conditioned_on_a<i>_<j>); --annotations: val.jsonl.
+  refcoco+
+         RefCOCO+ accuracy: a predicted box is right when its IoU with the referred object's
+         box is >= 0.5 (pixels counted inclusively, as ViLBERT and VL-BERT do).
+         --predictions: [{"sent_id": int, "box": [x1, y1, x2, y2]}] (pixels; our format, there
+         is no official one); --annotations: refs(unc).p (read without running any code);
+         --instances: the dataset's instances.json (required); --split: val, testA or testB
+         (required).
+  flickr30k
+         Flickr30K retrieval, caption->image and image->caption: R@1, R@5, R@10, median and
+         mean rank (tied scores rank against the true item). --predictions: an .npz with
+         scores (captions x images), sentids and imgids (our format); --annotations:
+         Karpathy's dataset_flickr30k.json; --split: default test.
 
-Every score is a percentage. The predictions must answer every question of the annotations;
-an error names the file at fault and exits with status 2.
+Accuracies and recalls are percentages; ranks start at 1. The predictions must answer every
+question (expression, caption, image) of the annotations; an error names the file at fault and
+exits with status 2.
 
 Examples:
   pipeline evaluate vqa --predictions val_predict.json \\
@@ -37,21 +57,38 @@ Examples:
   pipeline evaluate gqa --predictions testdev_predict.json \\
       --annotations testdev_balanced_questions.json
   pipeline evaluate nlvr2 --predictions dev_predict.csv --annotations dev.json
+  pipeline evaluate vcr --predictions val_predict.csv --annotations vcr1/val.jsonl
+  pipeline evaluate refcoco+ --predictions testA_boxes.json \\
+      --annotations "refcoco+/refs(unc).p" --instances refcoco+/instances.json --split testA
+  pipeline evaluate flickr30k --predictions test_scores.npz \\
+      --annotations dataset_flickr30k.json
 """
 
-BENCHMARKS = ("vqa", "gqa", "nlvr2")
+BENCHMARKS = ("vqa", "gqa", "nlvr2", "vcr", "refcoco+", "flickr30k")
+SPLIT_BENCHMARKS = ("refcoco+", "flickr30k")
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("benchmark", choices=BENCHMARKS, help="which benchmark's metric")
     parser.add_argument(
-        "--predictions", required=True, metavar="FILE", help="predictions, in the submission format"
+        "--predictions", required=True, metavar="FILE",
+        help="predictions, in the benchmark's submission format (ours where it has none)",
     )
     parser.add_argument(
         "--annotations", required=True, metavar="FILE",
-        help="ground truth: VQA annotations, GQA questions or NLVR2 labels",
+        help="ground truth: VQA annotations, GQA questions, NLVR2 labels, VCR .jsonl, RefCOCO+ "
+        "refs(unc).p or the Karpathy split file",
     )
     parser.add_argument("--questions", metavar="FILE", help="VQA questions file (vqa only)")
+    parser.add_argument(
+        "--instances", metavar="FILE",
+        help="the refs' COCO instances.json, which holds the target boxes (refcoco+ only)",
+    )
+    parser.add_argument(
+        "--split", metavar="SPLIT",
+        help="which split to score: refcoco+ val / testA / testB (required); flickr30k "
+        "(default test)",
+    )
     parser.add_argument(
         "--holdout", metavar="CORPUS",
         help="score only the questions on a corpus's minival images (LXMERT's held-out split; "
@@ -98,6 +135,37 @@ def _nlvr2(args: argparse.Namespace) -> tuple[dict, str]:
     return metrics, _table(title, list(metrics.items()))
 
 
+def _vcr(args: argparse.Namespace) -> tuple[dict, str]:
+    scores = evaluate_vcr(Path(args.predictions), Path(args.annotations))
+    rows = [("Q->A", scores.q_a), ("QA->R", scores.qa_r), ("Q->AR", scores.q_ar)]
+    return scores.as_dict(), _table(f"VCR accuracy (%), {scores.questions} questions", rows)
+
+
+def _refcoco(args: argparse.Namespace) -> tuple[dict, str]:
+    if args.instances is None or args.split is None:
+        raise EvaluationError(
+            "refcoco+ needs --instances FILE (the dataset's instances.json, which holds the "
+            "target boxes) and --split (val, testA or testB)"
+        )
+    scores = evaluate_refcoco(Path(args.predictions), Path(args.annotations),
+                              Path(args.instances), args.split)
+    title = f"RefCOCO+ {args.split} (%), {scores.questions} expressions"
+    return scores.as_dict(), _table(title, [("accuracy at IoU >= 0.5", scores.accuracy)])
+
+
+def _flickr30k(args: argparse.Namespace) -> tuple[dict, str]:
+    split = args.split or "test"
+    scores = evaluate_flickr30k(Path(args.predictions), Path(args.annotations), split)
+    rows = []
+    for direction, ranks in (("caption->image", scores.caption_to_image),
+                             ("image->caption", scores.image_to_caption)):
+        rows += [(f"{direction} R@1 (%)", ranks.r1), (f"{direction} R@5 (%)", ranks.r5),
+                 (f"{direction} R@10 (%)", ranks.r10), (f"{direction} median rank", ranks.medr),
+                 (f"{direction} mean rank", ranks.meanr)]
+    title = f"Flickr30K {split} retrieval, {scores.captions} captions, {scores.images} images"
+    return scores.as_dict(), _table(title, rows)
+
+
 def _held_out(corpus: str) -> set[str]:
     """The image keys of a corpus's minival split."""
     from pipeline.corpus.read import split_images
@@ -108,15 +176,29 @@ def _held_out(corpus: str) -> set[str]:
         raise EvaluationError(f"--holdout: {err}") from err
 
 
+HANDLERS = {"vqa": _vqa, "gqa": _gqa, "nlvr2": _nlvr2, "vcr": _vcr, "refcoco+": _refcoco,
+            "flickr30k": _flickr30k}
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.benchmark == "nlvr2" and args.holdout is not None:
-        raise EvaluationError("--holdout is for vqa and gqa; NLVR2's dev split is held out already")
+    if args.benchmark not in ("vqa", "gqa") and args.holdout is not None:
+        raise EvaluationError(
+            f"--holdout is for vqa and gqa (LXMERT's minival); {args.benchmark} has its own "
+            "held-out splits"
+        )
     if args.benchmark != "vqa" and args.questions is not None:
         raise EvaluationError(
             f"--questions {args.questions} is for vqa only; {args.benchmark} reads its ground "
             "truth from --annotations"
         )
-    metrics, table = {"vqa": _vqa, "gqa": _gqa, "nlvr2": _nlvr2}[args.benchmark](args)
+    if args.benchmark != "refcoco+" and args.instances is not None:
+        raise EvaluationError(f"--instances {args.instances} is for refcoco+ only")
+    if args.benchmark not in SPLIT_BENCHMARKS and args.split is not None:
+        raise EvaluationError(
+            f"--split is for {' and '.join(SPLIT_BENCHMARKS)}; {args.benchmark}'s split is the "
+            "--annotations file"
+        )
+    metrics, table = HANDLERS[args.benchmark](args)
     print(table)
     if args.json:
         out = Path(args.json)

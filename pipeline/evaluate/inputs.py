@@ -99,6 +99,14 @@ def check_coverage(
             )
 
 
+def unique_id(value: Any, seen: set, path: Path, where: str, key: str) -> Any:
+    """`value`, added to `seen`; an error if an earlier entry of the annotations had it."""
+    if value in seen:
+        raise EvaluationError(f"{path}: {where}: {key} {value!r} appears twice")
+    seen.add(value)
+    return value
+
+
 def duplicate_error(path: Path, key: str, value: Any) -> EvaluationError:
     return EvaluationError(f"{path}: two predictions for {key} {value!r}")
 

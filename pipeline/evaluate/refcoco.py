@@ -48,6 +48,7 @@ from pipeline.evaluate.inputs import (
     duplicate_error,
     field,
     read_json,
+    unique_id,
 )
 
 IOU_THRESHOLD = 0.5
@@ -202,9 +203,7 @@ def read_refcoco(refs_path: Path, instances_path: Path,
         category_id = field(ref, "category_id", int, refs_path, where)
         for j, sentence in enumerate(field(ref, "sentences", list, refs_path, where)):
             sent_id = field(sentence, "sent_id", int, refs_path, f"{where}, sentence {j}")
-            if sent_id in seen:
-                raise EvaluationError(f"{refs_path}: {where}: sent_id {sent_id} appears twice")
-            seen.add(sent_id)
+            unique_id(sent_id, seen, refs_path, where, "sent_id")
             out.append(RefSentence(
                 sent_id=sent_id, ref_id=ref_id, ann_id=ann_id, image_id=image_id,
                 split=ref_split, category_id=category_id,

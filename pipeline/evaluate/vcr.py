@@ -11,7 +11,7 @@ models/eval_q2ar.py. Per question:
 - Q->AR is right when both are ("a bitwise AND between the hits").
 
 Each accuracy is the mean over the questions, here in percent rounded to 2 decimals (the scorer
-prints fractions with 3).
+writes fractions).
 
 Ties: the argmax is numpy's, as in both scripts: the *first* of the tied maxima, so scores
 [0.4, 0.4, 0.1, 0.1] choose answer 0, right only when the label is 0.
@@ -55,6 +55,7 @@ from pipeline.evaluate.inputs import (
     read_json,
     read_json_lines,
     read_text,
+    unique_id,
 )
 
 CHOICES = 4
@@ -210,9 +211,7 @@ def read_vcr(path: Path) -> list[VCRQuestion]:
     for i, entry in enumerate(read_json_lines(path, "VCR annotations, one JSON object per line")):
         annot_id = field(entry, "annot_id", str, path, f"row {i + 1}")
         where = f"row {i + 1} ({annot_id})"
-        if annot_id in seen:
-            raise EvaluationError(f"{path}: {where}: annot_id {annot_id!r} appears twice")
-        seen.add(annot_id)
+        unique_id(annot_id, seen, path, where, "annot_id")
         objects = field(entry, "objects", list, path, where)
         if not all(isinstance(o, str) for o in objects):
             raise EvaluationError(f"{path}: {where}: 'objects' must be a list of names")
