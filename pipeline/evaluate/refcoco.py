@@ -88,7 +88,8 @@ class RefScores:
 
 class _PlainUnpickler(pickle.Unpickler):
     """Builds only what pickle's opcodes make without a global: None, bools, numbers, strings,
-    bytes, lists, tuples, dicts. A class or function (what `__reduce__` needs to run anything)
+    lists, tuples, dicts, and bytes (protocol >= 3) and sets (>= 4); below those protocols they
+    are calls of globals, refused. A class or function (what `__reduce__` needs to run anything)
     is refused before it is looked up."""
 
     def __init__(self, file: Any, path: Path, encoding: str) -> None:
