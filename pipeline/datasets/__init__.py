@@ -9,9 +9,11 @@ from __future__ import annotations
 from pipeline.datasets.base import DatasetError, ImageRef
 from pipeline.datasets.cc3m import list_cc3m
 from pipeline.datasets.coco import list_coco
+from pipeline.datasets.flickr30k import list_flickr30k
 from pipeline.datasets.folder import list_folder
 from pipeline.datasets.image_list import list_from_file
 from pipeline.datasets.nlvr2 import list_nlvr2, nlvr2_image_ids
+from pipeline.datasets.vcr import list_vcr, vcr_given_boxes
 from pipeline.datasets.vg import list_vg
 
 READERS = {
@@ -21,9 +23,12 @@ READERS = {
     "vg": list_vg,
     "nlvr2": list_nlvr2,
     "cc3m": list_cc3m,
+    "vcr": list_vcr,
+    "flickr30k": list_flickr30k,
 }
 
-__all__ = ["READERS", "DatasetError", "ImageRef", "list_images", "nlvr2_image_ids"]
+__all__ = ["READERS", "DatasetError", "ImageRef", "list_images", "nlvr2_image_ids",
+           "vcr_given_boxes"]
 
 
 def list_images(dataset: str, root: str) -> list[ImageRef]:

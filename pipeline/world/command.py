@@ -16,12 +16,14 @@ DESCRIPTION = "Generate the synthetic world the project tests, benchmarks and de
 
 
 GENERATE_HELP = (
-    "generate scenes and write them as COCO, Visual Genome, VQA, GQA, NLVR2 and CC3M files"
+    "generate scenes and write them as COCO, Visual Genome, VQA, GQA, NLVR2, CC3M, VCR, "
+    "RefCOCO+, Flickr30K and Flickr30K Entities files"
 )
 GENERATE_DESCRIPTION = (
     "Generate a deterministic world of rendered scenes with ground truth, captions and "
-    "questions, written in the official layouts of COCO, Visual Genome, VQA v2, GQA, NLVR2 and "
-    "CC3M (img2dataset shards)."
+    "questions, written in the official layouts of COCO, Visual Genome, VQA v2, GQA, NLVR2, "
+    "CC3M (img2dataset shards), VCR, RefCOCO+ (refer), Flickr30K (Karpathy's split) and "
+    "Flickr30K Entities, with gold dependency parses of the Flickr30K captions."
 )
 
 

@@ -14,6 +14,11 @@ Same config and seed -> byte-identical files. What is written under `--out`:
     nlvr2/{train,dev,test1}.json, nlvr2/images/train/{directory}/{split}-{set}-{pair}-img{0,1}.png,
        nlvr2/images/{dev,test1}/...-img{0,1}.png
     cc3m/{shard:05d}.tar, {shard:05d}.parquet, {shard:05d}_stats.json   (img2dataset webdataset)
+    vcr/{train,val,test}.jsonl, vcr/vcr1images/lsmdc_{movie}/{clip}.jpg and {clip}.json
+    refcoco+/refs(unc).p, refcoco+/instances.json
+    flickr30k/dataset_flickr30k.json, flickr30k/flickr30k-images/{id}.jpg
+    flickr30k_entities/Sentences/{id}.txt, Annotations/{id}.xml, {train,val,test}.txt,
+       parses.conllu
 
 COCO and Visual Genome share scenes, as in reality. `images` scenes get Visual Genome image ids
 1..images; Visual Genome holds all of them. About `coco_fraction` of them (chosen at random) are
@@ -29,11 +34,21 @@ VQA v2 covers the COCO images (COCO ids), GQA covers all Visual Genome images (i
 both split like the scenes. NLVR2 (about `nlvr2_fraction` * images pairs, in sets of four pairs,
 PNG) and CC3M (about `cc3m_fraction` * images urls, a few failed downloads that appear only in the
 parquet files) use scenes of their own, with internal ids from NLVR2_ID_BASE and CC3M_ID_BASE.
+
+VCR (about `vcr_fraction` * images images, `vcr_per_image` questions each) and Flickr30K (about
+`flickr30k_fraction` * images images, `captions_per_image` captions each, Flickr30K Entities
+for the same images) use scenes of their own too, with ids from VCR_ID_BASE and
+FLICKR30K_ID_BASE (a Flickr30K image's file name is its id); both are split about 80 / 10 / 10
+with at least SMALLEST_HELD_OUT images in each held-out split. VCR scenes have two objects or
+more (every question is about two). RefCOCO+ renders nothing: its refs are on the COCO train2014
+images that hold two objects or more of one shape, at most `refs_per_image` refs an image, with
+the annotation ids of instances_train2014.json; its splits are by image (see write_refcoco).
 JPEG quality is fixed (`jpeg_quality`).
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +58,18 @@ from PIL import Image
 from tqdm import tqdm
 
 from pipeline.common.config import ConfigError, to_dict
-from pipeline.world.formats import cc3m, coco, gqa, nlvr2, vg, vqa
+from pipeline.world.formats import (
+    cc3m,
+    coco,
+    flickr30k,
+    flickr30k_entities,
+    gqa,
+    nlvr2,
+    refcoco,
+    vcr,
+    vg,
+    vqa,
+)
 from pipeline.world.formats.files import (
     jpeg_bytes,
     png_bytes,
@@ -54,19 +80,25 @@ from pipeline.world.formats.files import (
 from pipeline.world.language import (
     captions,
     cc3m_caption,
+    flickr30k_captions,
     gqa_questions,
     nlvr2_items,
+    referring_expressions,
     region_descriptions,
+    vcr_annotations,
     vg_question_answers,
     vqa_questions,
 )
 from pipeline.world.language.nlvr2 import SENTENCES_PER_SET
+from pipeline.world.language.refcoco import distinguishing_specs
 from pipeline.world.sampling import OBJECTS_PER_ID, make_scene
 from pipeline.world.scene import COLORS, MATERIALS, SHAPES, Palette, Scene
 
 COCO_ID_OFFSET = 1_000_000
 NLVR2_ID_BASE = 10_000_000
 CC3M_ID_BASE = 20_000_000
+VCR_ID_BASE = 30_000_000
+FLICKR30K_ID_BASE = 40_000_000
 MAX_IMAGES = COCO_ID_OFFSET - 1  # keeps COCO ids and Visual Genome ids disjoint
 PAIRS_PER_SET = 4
 MAX_OBJECTS = OBJECTS_PER_ID - 1  # object ids are image_id * 64 + index, the last one the ground's
@@ -78,6 +110,13 @@ CC3M_ERRORS = (
     "<urlopen error [Errno -2] Name or service not known>",
     "The read operation timed out",
 )
+# VCR and Flickr30K: the share of images in each held-out split, and their least count, so that
+# even an 8-image world has a few items to evaluate on.
+HELD_OUT_FRACTION = 0.1
+SMALLEST_HELD_OUT = 2
+SMALLEST_GROUNDED_WORLD = 9
+# RefCOCO+'s shares of images (unc split: 1,500 val, 750 testA, 750 testB of 19,994 images).
+REFCOCO_HELD_OUT = {"val": 0.075, "testA": 0.0375, "testB": 0.0375}
 
 
 @dataclass(frozen=True)
@@ -88,10 +127,12 @@ class WorldConfig:
     coco_val_fraction: share of the COCO images in val2014. vg_100k_2_fraction: share of the
     Visual Genome images stored in VG_100K_2. min_objects / max_objects: objects per scene.
     shapes / colors / materials: the palette objects are drawn from (scene.Palette; default all).
-    *_per_image: questions per image. nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls
-    per COCO/VG scene. nlvr2_sentences_per_set: NLVR2 sentences written for each set of four
-    pairs (every one is an item with each pair). cc3m_failed_fraction: urls that fail to
-    download (at least one).
+    *_per_image: questions per image (captions_per_image: COCO and Flickr30K captions).
+    nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls per COCO/VG scene.
+    nlvr2_sentences_per_set: NLVR2 sentences written for each set of four pairs (every one is
+    an item with each pair). cc3m_failed_fraction: urls that fail to download (at least one).
+    vcr_fraction / flickr30k_fraction: VCR and Flickr30K images per COCO/VG scene (at least
+    SMALLEST_GROUNDED_WORLD each). refs_per_image: the most RefCOCO+ refs on one COCO image.
     """
 
     images: int = 600
@@ -113,6 +154,10 @@ class WorldConfig:
     cc3m_samples_per_shard: int = 64
     cc3m_failed_fraction: float = 0.08
     jpeg_quality: int = 90
+    vcr_fraction: float = 0.1
+    vcr_per_image: int = 3
+    refs_per_image: int = 3
+    flickr30k_fraction: float = 0.1
 
     def __post_init__(self) -> None:
         if not 8 <= self.images <= MAX_IMAGES:
@@ -122,11 +167,13 @@ class WorldConfig:
         if not 1 <= self.min_objects <= self.max_objects <= MAX_OBJECTS:
             raise ConfigError(f"need 1 <= min_objects <= max_objects <= {MAX_OBJECTS}")
         if min(self.captions_per_image, self.vqa_per_image, self.gqa_per_image,
-               self.nlvr2_sentences_per_set) < 1:
-            raise ConfigError("captions_per_image, vqa_per_image, gqa_per_image and "
-                              "nlvr2_sentences_per_set must be >= 1")
+               self.nlvr2_sentences_per_set, self.vcr_per_image, self.refs_per_image) < 1:
+            raise ConfigError("captions_per_image, vqa_per_image, gqa_per_image, "
+                              "nlvr2_sentences_per_set, vcr_per_image and refs_per_image must "
+                              "be >= 1")
         for name in ("coco_fraction", "coco_val_fraction", "vg_100k_2_fraction",
-                     "nlvr2_fraction", "cc3m_fraction", "cc3m_failed_fraction"):
+                     "nlvr2_fraction", "cc3m_fraction", "cc3m_failed_fraction",
+                     "vcr_fraction", "flickr30k_fraction"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be strictly between 0 and 1")
         if self.cc3m_samples_per_shard < 1 or not 1 <= self.jpeg_quality <= 95:
@@ -178,9 +225,10 @@ def _rng(seed: int, purpose: str, image_id: int) -> random.Random:
     return random.Random(f"{seed}:{purpose}:{image_id}")
 
 
-def _scene(cfg: WorldConfig, image_id: int, split: str) -> tuple[Scene, Image.Image]:
-    return make_scene(image_id, split, cfg.seed, min_objects=cfg.min_objects,
-                      max_objects=cfg.max_objects, palette=cfg.palette)
+def _scene(cfg: WorldConfig, image_id: int, split: str,
+           least_objects: int = 1) -> tuple[Scene, Image.Image]:
+    return make_scene(image_id, split, cfg.seed, min_objects=max(cfg.min_objects, least_objects),
+                      max_objects=max(cfg.max_objects, least_objects), palette=cfg.palette)
 
 
 def write_coco_vg(cfg: WorldConfig, out: Path, plan: Sequence[PlannedImage], bar: tqdm) -> dict:
@@ -211,6 +259,8 @@ def write_coco_vg(cfg: WorldConfig, out: Path, plan: Sequence[PlannedImage], bar
         instance_doc = coco.instances_json(subset, images, instance_ann_id)
         write_json(out / "coco" / "annotations" / f"captions_{subset}.json", caption_doc)
         write_json(out / "coco" / "annotations" / f"instances_{subset}.json", instance_doc)
+        if split == "train":
+            counts["refcoco+"] = write_refcoco(cfg, out, images, instance_ann_id)
         caption_ann_id += len(caption_doc["annotations"])
         instance_ann_id += len(instance_doc["annotations"])
         counts["coco"][subset] = {
@@ -257,6 +307,156 @@ def write_coco_vg(cfg: WorldConfig, out: Path, plan: Sequence[PlannedImage], bar
         "question_answers": qa_id - 1,
     }
     return counts
+
+
+def refcoco_splits(cfg: WorldConfig, referable: dict[int, list[int]],
+                   scenes: dict[int, Scene]) -> dict[int, str]:
+    """The RefCOCO+ split of each COCO image with referable objects (by COCO id).
+
+    As RefCOCO's unc split: by image, testA the images with refs to people and testB those with
+    refs to other objects; here "people" is the palette's first shape (COCO's first category is
+    person), so a testA image gets refs to that shape only and a testB image to the others only.
+    Shares as REFCOCO_HELD_OUT, at least one image each while train keeps half of the images.
+    """
+    rng = random.Random(f"world-refcoco-{cfg.seed}")
+    order = rng.sample(sorted(referable), len(referable))
+    people = cfg.palette.shapes[0]
+
+    def holds(coco_id: int, split: str) -> bool:
+        shapes = {scenes[coco_id].objects[i].shape for i in referable[coco_id]}
+        return {"testA": people in shapes, "testB": bool(shapes - {people})}.get(split, True)
+
+    wanted = {split: max(1, round(len(order) * share)) for split, share in REFCOCO_HELD_OUT.items()}
+    splits: dict[int, str] = {}
+    budget = len(order) // 2
+    while budget and any(wanted.values()):
+        for split in REFCOCO_HELD_OUT:
+            pick = next((c for c in order if c not in splits and holds(c, split)), None)
+            if wanted[split] and budget and pick is not None:
+                splits[pick], wanted[split], budget = split, wanted[split] - 1, budget - 1
+            elif pick is None:
+                wanted[split] = 0
+    return {c: splits.get(c, "train") for c in sorted(referable)}
+
+
+def write_refcoco(cfg: WorldConfig, out: Path, images: Sequence[tuple[int, Scene]],
+                  first_ann_id: int) -> dict:
+    """RefCOCO+ on the train2014 images (coco_id, scene), whose instance annotation ids start at
+    first_ann_id; nothing is rendered. Returns counts."""
+    ann_ids = coco.instance_ids(images, first_ann_id)
+    scenes = dict(images)
+    referable = {}
+    for coco_id, scene in images:
+        same_shape = [i for i, o in enumerate(scene.objects)
+                      if scene.count(shape=o.shape) >= 2 and distinguishing_specs(scene, o)]
+        if same_shape:
+            referable[coco_id] = same_shape
+    splits = refcoco_splits(cfg, referable, scenes)
+    people = cfg.palette.shapes[0]
+    refs, carrying = [], []
+    sent_id = 0
+    for coco_id, split in splits.items():
+        scene = scenes[coco_id]
+        rng = _rng(cfg.seed, "refcoco", scene.image_id)
+        objects = [i for i in referable[coco_id]
+                   if {"testA": scene.objects[i].shape == people,
+                       "testB": scene.objects[i].shape != people}.get(split, True)]
+        for i in sorted(rng.sample(objects, min(cfg.refs_per_image, len(objects)))):
+            expressions = referring_expressions(scene, i, rng)
+            ann_id = ann_ids[scene.objects[i].object_id]
+            refs.append(refcoco.ref_entry(len(refs), split, coco_id, scene, ann_id, expressions,
+                                          sent_id))
+            sent_id += len(expressions)
+        carrying.append((coco_id, scene))
+    write_bytes(out / "refcoco+" / "refs(unc).p", refcoco.refs_pickle(refs))
+    write_json(out / "refcoco+" / "instances.json", refcoco.instances_json(carrying, ann_ids))
+    return {
+        "images": {s: sum(v == s for v in splits.values()) for s in refcoco.SPLITS},
+        "refs": {s: sum(r["split"] == s for r in refs) for s in refcoco.SPLITS},
+        "sentences": sent_id,
+    }
+
+
+def grounded_split_counts(cfg: WorldConfig, fraction: float) -> dict[str, int]:
+    """Images per split of VCR or Flickr30K: HELD_OUT_FRACTION in val and test each (at least
+    SMALLEST_HELD_OUT), the rest in train."""
+    total = max(SMALLEST_GROUNDED_WORLD, round(cfg.images * fraction))
+    held_out = max(SMALLEST_HELD_OUT, round(total * HELD_OUT_FRACTION))
+    return {"train": total - 2 * held_out, "val": held_out, "test": held_out}
+
+
+def write_vcr(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
+    """Render the VCR scenes split by split (movies of IMAGES_PER_MOVIE images, none shared by
+    two splits) and write the images, their metadata and the jsonl files. Returns counts."""
+    counts = {}
+    next_id, first_movie = VCR_ID_BASE, 0
+    for split, n_images in grounded_split_counts(cfg, cfg.vcr_fraction).items():
+        scenes, stems, movies = [], {}, {}
+        for k in range(n_images):
+            scene, picture = _scene(cfg, next_id, split, least_objects=2)
+            movie = vcr.movie_name(first_movie + k // vcr.IMAGES_PER_MOVIE)
+            stem = vcr.image_stem(movie, k % vcr.IMAGES_PER_MOVIE, next_id)
+            root = out / "vcr" / "vcr1images"
+            write_bytes(root / f"{stem}.jpg", jpeg_bytes(picture, cfg.jpeg_quality))
+            write_json(root / f"{stem}.json",
+                       vcr.metadata_json(scene, _rng(cfg.seed, "vcr-boxes", next_id)))
+            scenes.append(scene)
+            stems[next_id], movies[next_id] = stem, movie
+            next_id += 1
+            bar.update()
+        first_movie += math.ceil(n_images / vcr.IMAGES_PER_MOVIE)
+        questions = vcr_annotations(scenes, cfg.seed, cfg.vcr_per_image, f"{split}-0")
+        img_index = {s.image_id: n for n, s in enumerate(scenes)}
+        objects = {s.image_id: [o.shape for o in s.objects] for s in scenes}
+        rows = [vcr.line(q, split, movies[q.image_id], stems[q.image_id], objects[q.image_id],
+                         img_index[q.image_id], n) for n, q in enumerate(questions)]
+        write_json_lines(out / "vcr" / f"{split}.jsonl", rows)
+        counts[split] = {"images": n_images, "questions": len(questions)}
+    return counts
+
+
+def write_flickr30k(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
+    """Render the Flickr30K scenes and write Karpathy's split file and Flickr30K Entities.
+
+    Ids are consecutive; which are val and test is drawn, so the splits interleave in the file
+    as in Karpathy's. A caption is written to fit no other scene of its split (language/
+    flickr30k.py), so every image can be retrieved by each of its captions."""
+    sizes = grounded_split_counts(cfg, cfg.flickr30k_fraction)
+    ids = [FLICKR30K_ID_BASE + k for k in range(sum(sizes.values()))]
+    order = random.Random(f"world-flickr30k-{cfg.seed}").sample(ids, len(ids))
+    split_of = {i: "train" for i in ids}
+    split_of.update({i: "val" for i in order[: sizes["val"]]})
+    split_of.update({i: "test" for i in order[sizes["val"]: sizes["val"] + sizes["test"]]})
+    scenes = {}
+    for image_id in ids:
+        scene, picture = _scene(cfg, image_id, split_of[image_id])
+        scenes[image_id] = scene
+        write_bytes(out / "flickr30k" / flickr30k.IMAGE_FOLDER / flickr30k.file_name(image_id),
+                    jpeg_bytes(picture, cfg.jpeg_quality))
+        bar.update()
+    entries = []
+    entities = out / "flickr30k_entities"
+    conllu, next_chain = [], 1
+    for image_id in ids:
+        scene = scenes[image_id]
+        peers = [s for s in scenes.values() if s.split == scene.split and s is not scene]
+        texts = flickr30k_captions(scene, _rng(cfg.seed, "flickr30k", image_id),
+                                   cfg.captions_per_image, peers)
+        entries.append((scene.split, scene, texts))
+        chains = flickr30k_entities.chains(texts, next_chain)
+        next_chain += len(chains)
+        write_bytes(entities / "Sentences" / f"{image_id}.txt",
+                    flickr30k_entities.sentences_txt(texts, chains).encode("utf-8"))
+        write_bytes(entities / "Annotations" / f"{image_id}.xml",
+                    flickr30k_entities.annotation_xml(scene, chains).encode("utf-8"))
+        conllu.append(flickr30k_entities.conllu(image_id, texts))
+    write_json(out / "flickr30k" / "dataset_flickr30k.json", flickr30k.dataset_json(entries))
+    for split in flickr30k.SPLITS:
+        listed = "".join(f"{i}\n" for i in ids if split_of[i] == split)
+        write_bytes(entities / f"{split}.txt", listed.encode("utf-8"))
+    write_bytes(entities / "parses.conllu", "".join(conllu).encode("utf-8"))
+    return {split: {"images": n, "captions": n * cfg.captions_per_image}
+            for split, n in sizes.items()}
 
 
 def nlvr2_set_counts(cfg: WorldConfig) -> dict[str, int]:
@@ -333,11 +533,15 @@ def generate_world(cfg: WorldConfig, out: Path, progress: bool = True) -> dict:
     plan = plan_images(cfg)
     nlvr2_scenes = 2 * PAIRS_PER_SET * sum(nlvr2_set_counts(cfg).values())
     cc3m_scenes = max(1, round(cfg.images * cfg.cc3m_fraction))
-    with tqdm(total=len(plan) + nlvr2_scenes + cc3m_scenes, unit="img", disable=not progress,
-              desc="world") as bar:
+    vcr_scenes = sum(grounded_split_counts(cfg, cfg.vcr_fraction).values())
+    flickr30k_scenes = sum(grounded_split_counts(cfg, cfg.flickr30k_fraction).values())
+    total = len(plan) + nlvr2_scenes + cc3m_scenes + vcr_scenes + flickr30k_scenes
+    with tqdm(total=total, unit="img", disable=not progress, desc="world") as bar:
         counts = write_coco_vg(cfg, out, plan, bar)
         counts["nlvr2"] = write_nlvr2(cfg, out, bar)
         counts["cc3m"] = write_cc3m(cfg, out, bar)
+        counts["vcr"] = write_vcr(cfg, out, bar)
+        counts["flickr30k"] = write_flickr30k(cfg, out, bar)
     world = {
         "generator": "pipeline world generate",
         "seed": cfg.seed,
@@ -348,6 +552,10 @@ def generate_world(cfg: WorldConfig, out: Path, progress: bool = True) -> dict:
             "vg_object_id": "vg_image_id * 64 + index",
             "nlvr2_scene_id_base": NLVR2_ID_BASE,
             "cc3m_scene_id_base": CC3M_ID_BASE,
+            "vcr_scene_id_base": VCR_ID_BASE,
+            "flickr30k_scene_id_base": FLICKR30K_ID_BASE,
+            "flickr30k_image_id": "scene id (file name {id}.jpg)",
+            "refcoco_ann_id": "the object's id in coco/annotations/instances_train2014.json",
             "coco_category_id": "line index in extractor/vg1600/objects_vocab.txt + 1",
         },
         "counts": counts,
@@ -372,4 +580,9 @@ def format_summary(world: dict, seconds: float, out: Path) -> str:
                                   for k, v in c["nlvr2"].items()),
         f"  CC3M     {c['cc3m']['urls']} urls in {c['cc3m']['shards']} shards, "
         f"{c['cc3m']['failed_to_download']} failed to download",
+        "  VCR      " + ", ".join(f"{k} {v['images']} images / {v['questions']} questions"
+                                  for k, v in c["vcr"].items()),
+        "  RefCOCO+ " + ", ".join(f"{k} {v} refs" for k, v in c["refcoco+"]["refs"].items()),
+        "  Flickr30K " + ", ".join(f"{k} {v['images']} images / {v['captions']} captions"
+                                   for k, v in c["flickr30k"].items()),
     ])

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 from extractor.labels import object_names
 from pipeline.world.language import Caption
-from pipeline.world.scene import SHAPES, Scene
+from pipeline.world.scene import SHAPES, Scene, WorldObject
 
 URL_ROOT = "http://world.invalid/coco"
 INFO = {
@@ -88,25 +88,35 @@ def captions_json(
     }
 
 
+def instance_ids(images: Sequence[tuple[int, Scene]], first_id: int) -> dict[int, int]:
+    """The instance annotation id of every object (by WorldObject.object_id): consecutive from
+    first_id over the images in order, each image's objects in order."""
+    objects = [obj for _, scene in images for obj in scene.objects]
+    return {obj.object_id: first_id + k for k, obj in enumerate(objects)}
+
+
+def instance_annotation(coco_id: int, obj: WorldObject, annotation_id: int) -> dict:
+    """One object's instance annotation: bbox [x, y, w, h] of its visible extent, the box's
+    rectangle as segmentation polygon (so area = w * h), iscrowd 0."""
+    x1, y1, x2, y2 = (round(v, 2) for v in obj.box)
+    w, h = round(x2 - x1, 2), round(y2 - y1, 2)
+    return {
+        "segmentation": [[x1, y1, x2, y1, x2, y2, x1, y2]],
+        "area": round(w * h, 2),
+        "iscrowd": 0,
+        "image_id": coco_id,
+        "bbox": [x1, y1, w, h],
+        "category_id": category_id(obj.shape),
+        "id": annotation_id,
+    }
+
+
 def instances_json(subset: str, images: Sequence[tuple[int, Scene]], first_id: int) -> dict:
-    """instances_{subset}.json: one annotation per object, bbox [x, y, w, h] of its visible extent,
-    the box's rectangle as segmentation polygon (so area = w * h), iscrowd 0."""
-    annotations = []
-    for coco_id, scene in images:
-        for obj in scene.objects:
-            x1, y1, x2, y2 = (round(v, 2) for v in obj.box)
-            w, h = round(x2 - x1, 2), round(y2 - y1, 2)
-            annotations.append(
-                {
-                    "segmentation": [[x1, y1, x2, y1, x2, y2, x1, y2]],
-                    "area": round(w * h, 2),
-                    "iscrowd": 0,
-                    "image_id": coco_id,
-                    "bbox": [x1, y1, w, h],
-                    "category_id": category_id(obj.shape),
-                    "id": first_id + len(annotations),
-                }
-            )
+    """instances_{subset}.json: one annotation per object (`instance_annotation`), ids from
+    `instance_ids`."""
+    ids = instance_ids(images, first_id)
+    annotations = [instance_annotation(coco_id, obj, ids[obj.object_id])
+                   for coco_id, scene in images for obj in scene.objects]
     return {
         "info": INFO,
         "images": [image_entry(subset, coco_id, scene) for coco_id, scene in images],

@@ -1,4 +1,5 @@
-"""Captions: COCO-style sentences (several per image, varied wording) and CC3M-style alt-text.
+"""Captions: COCO-style sentences (several per image, varied wording) and CC3M-style alt-text
+(Flickr30K's grounded, parsed captions are in flickr30k.py).
 
 Each template states only facts of the ground truth: counts are exact, relations hold with the
 world's margin, and "next to" is said only of objects that are close.
@@ -34,7 +35,8 @@ def _description(obj: WorldObject, rng: random.Random) -> str:
     return noun_phrase(spec_of(obj, fields), rng=rng)
 
 
-def _near(scene: Scene, a: WorldObject, b: WorldObject) -> bool:
+def near(scene: Scene, a: WorldObject, b: WorldObject) -> bool:
+    """Whether a and b are close enough to be said "next to" each other."""
     (ax, ay), (bx, by) = a.center, b.center
     return ((ax - bx) ** 2 + (ay - by) ** 2) ** 0.5 < NEAR_FRACTION * max(scene.width, scene.height)
 
@@ -63,7 +65,7 @@ def _group_next_to(scene: Scene, rng: random.Random) -> str | None:
     anchor = rng.choice(scene.objects)
     group_spec = spec_of(anchor, ("color", "shape") if rng.random() < 0.5 else ("shape",))
     group = [o for o in scene.objects if all(getattr(o, k) == v for k, v in group_spec.items())]
-    others = [o for o in scene.objects if o not in group and all(_near(scene, g, o) for g in group)]
+    others = [o for o in scene.objects if o not in group and all(near(scene, g, o) for g in group)]
     if len(group) < 2 or not others:
         return None
     words = noun_phrase(group_spec, plural_noun=True, rng=rng)

@@ -1,13 +1,18 @@
 """Text records derived from scenes, one dataclass per dataset's unit of annotation.
 
 They carry what the official files need and nothing of their layout: the writers in
-pipeline/world turn them into COCO, VQA v2, GQA, NLVR2 and Visual Genome json.
-Image ids are the world's integer `Scene.image_id`s.
+pipeline/world turn them into COCO, VQA v2, GQA, NLVR2, Visual Genome, VCR, RefCOCO+ and
+Flickr30K (Entities) files. Image ids are the world's integer `Scene.image_id`s.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pipeline.world.language.grammar import PUNCTUATION, GroundedPhrase, ParsedWord, raw_text
+
+# A VCR token: a word, or the indices of the objects a detection tag names ([0, 1] is "0 and 1").
+VCRToken = str | tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -110,3 +115,69 @@ class VGQuestionAnswer:
     image_id: int
     question: str
     answer: str
+
+
+@dataclass(frozen=True)
+class VCRAnnotation:
+    """One VCR question with its four answers and four rationales.
+
+    Tokens as VCR writes them: a tag is a tuple of indices into the scene's objects (VCR's
+    `objects` list is the scene's objects in order). kind: "color" or "relation".
+    *_match_iter: per choice, 0 for the right one, k for the k-th distractor picked.
+    *_sources: per choice, the index (within the returned list, i.e. the fold's `match_index`)
+    of the question whose right answer (rationale) it is; -1 for a distractor drawn from the
+    palette because no question of the fold could supply one (only in tiny worlds).
+    """
+
+    image_id: int
+    question_number: int
+    kind: str
+    question: tuple[VCRToken, ...]
+    answer_choices: tuple[tuple[VCRToken, ...], ...]
+    answer_label: int
+    answer_match_iter: tuple[int, ...]
+    answer_sources: tuple[int, ...]
+    rationale_choices: tuple[tuple[VCRToken, ...], ...]
+    rationale_label: int
+    rationale_match_iter: tuple[int, ...]
+    rationale_sources: tuple[int, ...]
+    interesting_scores: tuple[int, ...]
+    answer_likelihood: str
+
+
+@dataclass(frozen=True)
+class ReferringExpression:
+    """One RefCOCO+-style expression for one object (`object_index` into Scene.objects): `raw`
+    as typed ("The red metal one"); `sent` its lower-cased, punctuation-free form."""
+
+    image_id: int
+    object_index: int
+    raw: str
+
+    @property
+    def sent(self) -> str:
+        return " ".join(self.tokens)
+
+    @property
+    def tokens(self) -> list[str]:
+        words = ("".join(c for c in w if c not in PUNCTUATION) for w in self.raw.lower().split())
+        return [w for w in words if w]
+
+
+@dataclass(frozen=True)
+class GroundedCaption:
+    """A Flickr30K caption with its noun phrases grounded in the scene and its dependency parse
+    (see grammar.py): words in order, phrases as word spans."""
+
+    image_id: int
+    words: tuple[ParsedWord, ...]
+    phrases: tuple[GroundedPhrase, ...]
+
+    @property
+    def forms(self) -> tuple[str, ...]:
+        return tuple(w.form for w in self.words)
+
+    @property
+    def raw(self) -> str:
+        """As Karpathy's dataset_flickr30k.json writes it: "A red ball next to a box." """
+        return raw_text(self.forms)
