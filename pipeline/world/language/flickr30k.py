@@ -52,7 +52,7 @@ Constraint = tuple[Spec, int | None]
 
 
 @dataclass(frozen=True)
-class _Draft:
+class _CaptionDraft:
     caption: GroundedCaption
     constraints: tuple[Constraint, ...]
 
@@ -78,6 +78,12 @@ def _nameable(scene: Scene, rng: random.Random) -> list[tuple[int, Spec]]:
     """(object index, unique spec) of every object that a phrase can single out."""
     named = [(i, _single_spec(scene, o, rng)) for i, o in enumerate(scene.objects)]
     return [(i, spec) for i, spec in named if spec is not None]
+
+
+def _one_named(scene: Scene, rng: random.Random) -> tuple[int, Spec] | None:
+    """One nameable object (index, spec) drawn at random, None if there is none."""
+    named = _nameable(scene, rng)
+    return rng.choice(named) if named else None
 
 
 def _object_phrase(b: SentenceBuilder, spec: Spec, objects: tuple[int, ...], *,
@@ -185,7 +191,7 @@ def _pair(scene: Scene, rng: random.Random):
     return None if relation is None else (i, spec_a, j, spec_b, relation)
 
 
-def _relation(scene: Scene, rng: random.Random) -> _Draft | None:
+def _relation(scene: Scene, rng: random.Random) -> _CaptionDraft | None:
     """ "A red ball to the left of a blue box." / "A red ball is above a box." /
     "There is a red ball bigger than a box." """
     pair = _pair(scene, rng)
@@ -215,7 +221,7 @@ def _relation(scene: Scene, rng: random.Random) -> _Draft | None:
     return _draft(scene, b, root, ((spec_a, None), (spec_b, None)))
 
 
-def _pair_on_ground(scene: Scene, rng: random.Random) -> _Draft | None:
+def _pair_on_ground(scene: Scene, rng: random.Random) -> _CaptionDraft | None:
     """ "A red ball and a wooden box on the grass." """
     named = _nameable(scene, rng)
     if len(named) < 2:
@@ -231,7 +237,7 @@ def _pair_on_ground(scene: Scene, rng: random.Random) -> _Draft | None:
     return _draft(scene, b, first, ((spec_a, None), (spec_b, None)))
 
 
-def _group_next_to(scene: Scene, rng: random.Random) -> _Draft | None:
+def _group_next_to(scene: Scene, rng: random.Random) -> _CaptionDraft | None:
     """ "Two red balls next to a wooden box.": the count of the group is exact."""
     anchor = rng.choice(scene.objects)
     group_spec = spec_of(anchor, ("color", "shape") if rng.random() < 0.5 else ("shape",))
@@ -251,7 +257,7 @@ def _group_next_to(scene: Scene, rng: random.Random) -> _Draft | None:
     return _draft(scene, b, root, ((group_spec, len(group)), (spec_b, None)))
 
 
-def _count_all(scene: Scene, rng: random.Random) -> _Draft | None:
+def _count_all(scene: Scene, rng: random.Random) -> _CaptionDraft | None:
     """ "Three shapes lying on the grass." """
     n = len(scene.objects)
     if n < 2:
@@ -265,12 +271,12 @@ def _count_all(scene: Scene, rng: random.Random) -> _Draft | None:
     return _draft(scene, b, root, (({}, n),))
 
 
-def _featured(scene: Scene, rng: random.Random) -> _Draft | None:
+def _featured(scene: Scene, rng: random.Random) -> _CaptionDraft | None:
     """ "A picture of a small red metal ball on a grassy background." """
-    named = _nameable(scene, rng)
-    if not named:
+    named = _one_named(scene, rng)
+    if named is None:
         return None
-    i, spec = rng.choice(named)
+    i, spec = named
     b = SentenceBuilder()
     start = len(b)
     det = b.word("a")
@@ -285,12 +291,12 @@ def _featured(scene: Scene, rng: random.Random) -> _Draft | None:
     return _draft(scene, b, root, ((spec, None),))
 
 
-def _among_others(scene: Scene, rng: random.Random) -> _Draft | None:
+def _among_others(scene: Scene, rng: random.Random) -> _CaptionDraft | None:
     """ "A small red ball among other shapes on a sandy surface." """
-    named = _nameable(scene, rng)
-    if not named or len(scene.objects) < 2:
+    named = _one_named(scene, rng) if len(scene.objects) >= 2 else None
+    if named is None:
         return None
-    i, spec = rng.choice(named)
+    i, spec = named
     b = SentenceBuilder()
     root = _object_phrase(b, spec, (i,))
     among = b.word("among")
@@ -305,12 +311,12 @@ def _among_others(scene: Scene, rng: random.Random) -> _Draft | None:
     return _draft(scene, b, root, ((spec, None),))
 
 
-def _lying(scene: Scene, rng: random.Random) -> _Draft | None:
+def _lying(scene: Scene, rng: random.Random) -> _CaptionDraft | None:
     """ "A red ball lying on the grass." """
-    named = _nameable(scene, rng)
-    if not named:
+    named = _one_named(scene, rng)
+    if named is None:
         return None
-    i, spec = rng.choice(named)
+    i, spec = named
     b = SentenceBuilder()
     root = _object_phrase(b, spec, (i,))
     lying = b.word("lying", "VERB", "VBG", "VerbForm=Ger", lemma="lie")
@@ -320,12 +326,12 @@ def _lying(scene: Scene, rng: random.Random) -> _Draft | None:
 
 
 def _draft(scene: Scene, b: SentenceBuilder, root: int,
-           constraints: tuple[Constraint, ...]) -> _Draft:
+           constraints: tuple[Constraint, ...]) -> _CaptionDraft:
     words, phrases = b.finish(root)
-    return _Draft(GroundedCaption(scene.image_id, words, phrases), constraints)
+    return _CaptionDraft(GroundedCaption(scene.image_id, words, phrases), constraints)
 
 
-_TEMPLATES: tuple[Callable[[Scene, random.Random], _Draft | None], ...] = (
+_TEMPLATES: tuple[Callable[[Scene, random.Random], _CaptionDraft | None], ...] = (
     _relation, _relation, _pair_on_ground, _group_next_to, _count_all, _featured,
     _among_others, _lying,
 )

@@ -58,7 +58,7 @@ _INTERESTING = (-1, 0, 0, 1, 1)
 
 
 @dataclass(frozen=True)
-class _Draft:
+class _QuestionDraft:
     """A question before matching: its objects i, j, the right answer and rationale values
     (color: the colour, (size_i, material_i, size_j, color_j); relation: the relation,
     (color_i, color_j))."""
@@ -80,14 +80,14 @@ def _relation_options(scene: Scene, i: int, j: int) -> list[str]:
 
 
 def _drafts(scene: Scene, rng: random.Random, per_image: int,
-            relations_seen: Counter) -> list[_Draft]:
+            relations_seen: Counter) -> list[_QuestionDraft]:
     """Up to per_image distinct questions about `scene` (needs two objects or more)."""
     n = len(scene.objects)
     if n < 2:
         return []
     pairs = [(i, j) for i in range(n) for j in range(n)
              if i != j and _relation_options(scene, i, j)]
-    drafts: list[_Draft] = []
+    drafts: list[_QuestionDraft] = []
     asked: set[tuple] = set()
     for _ in range(10 * per_image):
         if len(drafts) == per_image:
@@ -103,7 +103,7 @@ def _drafts(scene: Scene, rng: random.Random, per_image: int,
             relation = min(options, key=lambda r: relations_seen[r])
             relations_seen[relation] += 1
             a, b = scene.objects[i], scene.objects[j]
-            drafts.append(_Draft(scene, len(drafts), "relation", i, j, relation,
+            drafts.append(_QuestionDraft(scene, len(drafts), "relation", i, j, relation,
                                  (a.color, b.color)))
         else:
             i = rng.randrange(n)
@@ -112,26 +112,26 @@ def _drafts(scene: Scene, rng: random.Random, per_image: int,
             asked.add(("color", i))
             j = rng.choice([k for k in range(n) if k != i])
             a, b = scene.objects[i], scene.objects[j]
-            drafts.append(_Draft(scene, len(drafts), "color", i, j, a.color,
+            drafts.append(_QuestionDraft(scene, len(drafts), "color", i, j, a.color,
                                  (a.size, a.material, b.size, b.color)))
     return drafts
 
 
 # --- words ----------------------------------------------------------------------------------
 
-def _question(d: _Draft) -> tuple[VCRToken, ...]:
+def _question(d: _QuestionDraft) -> tuple[VCRToken, ...]:
     if d.kind == "color":
         return ("What", "color", "is", (d.i,), "?")
     return ("Where", "is", (d.i,), "compared", "to", (d.j,), "?")
 
 
-def _answer(d: _Draft, value) -> tuple[VCRToken, ...]:
+def _answer(d: _QuestionDraft, value) -> tuple[VCRToken, ...]:
     if d.kind == "color":
         return ((d.i,), "is", value, ".")
     return ((d.i,), "is", *RELATION_WORDS[value].split(), (d.j,), ".")
 
 
-def _rationale(d: _Draft, value) -> tuple[VCRToken, ...]:
+def _rationale(d: _QuestionDraft, value) -> tuple[VCRToken, ...]:
     shape_i, shape_j = d.scene.objects[d.i].shape, d.scene.objects[d.j].shape
     if d.kind == "color":
         size_i, material_i, size_j, color_j = value
@@ -144,21 +144,21 @@ def _rationale(d: _Draft, value) -> tuple[VCRToken, ...]:
 
 # --- truth ----------------------------------------------------------------------------------
 
-def _answer_wrong(d: _Draft, value) -> bool:
+def _answer_wrong(d: _QuestionDraft, value) -> bool:
     a, b = d.scene.objects[d.i], d.scene.objects[d.j]
     if d.kind == "color":
         return a.color != value
     return not loosely_holds(value, a, b)
 
 
-def _rationale_wrong(d: _Draft, value) -> bool:
+def _rationale_wrong(d: _QuestionDraft, value) -> bool:
     a, b = d.scene.objects[d.i], d.scene.objects[d.j]
     if d.kind == "color":
         return (a.size, a.material, b.size, b.color) != value
     return (a.color, b.color) != value
 
 
-def _palette_values(d: _Draft, what: str) -> list:
+def _palette_values(d: _QuestionDraft, what: str) -> list:
     palette = d.scene.palette
     if what == "answer":
         return list(palette.colors) if d.kind == "color" else list(RELATIONS)
@@ -169,11 +169,11 @@ def _palette_values(d: _Draft, what: str) -> list:
 
 # --- matching -------------------------------------------------------------------------------
 
-def _match(fold: Sequence[_Draft], q: int, what: str, used: Counter,
+def _match(fold: Sequence[_QuestionDraft], q: int, what: str, used: Counter,
            rng: random.Random) -> list[tuple[object, int]]:
     """Three (value, source) distractors for question q of the fold (see the module docstring)."""
     draft = fold[q]
-    value_of: Callable[[_Draft], object] = (
+    value_of: Callable[[_QuestionDraft], object] = (
         (lambda d: d.answer) if what == "answer" else (lambda d: d.rationale))
     wrong = _answer_wrong if what == "answer" else _rationale_wrong
     candidates = [p for p, other in enumerate(fold) if p != q and other.kind == draft.kind]
@@ -195,7 +195,7 @@ def _match(fold: Sequence[_Draft], q: int, what: str, used: Counter,
     return chosen
 
 
-def _choices(draft: _Draft, distractors: list[tuple[object, int]], q: int, what: str,
+def _choices(draft: _QuestionDraft, distractors: list[tuple[object, int]], q: int, what: str,
              rng: random.Random):
     """(token lists, label, match_iter, sources) with the right choice at a uniform position."""
     words = _answer if what == "answer" else _rationale
