@@ -42,7 +42,7 @@ FLICKR30K_ID_BASE (a Flickr30K image's file name is its id); both are split abou
 with at least SMALLEST_HELD_OUT images in each held-out split. VCR scenes have two objects or
 more (every question is about two). RefCOCO+ renders nothing: its refs are on the COCO train2014
 images that hold two objects or more of one shape, at most `refs_per_image` refs an image, with
-the annotation ids of instances_train2014.json; its splits are by image (see write_refcoco).
+the annotation ids of instances_train2014.json; its splits are by image (see refcoco_splits).
 JPEG quality is fixed (`jpeg_quality`).
 """
 
