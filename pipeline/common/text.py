@@ -66,3 +66,30 @@ def encode_texts(
         name: encoded[name].long()
         for name in ("input_ids", "attention_mask", "token_type_ids")
     }
+
+
+def encode_text_pairs(
+    tokenizer: BertTokenizerFast, firsts: Sequence[str], seconds: Sequence[str], max_length: int,
+    *, pad_to_max: bool = False,
+) -> dict[str, torch.Tensor]:
+    """As encode_texts, for pairs: `[CLS] first [SEP] second [SEP]`, token_type_ids 0 over the
+    first segment ([CLS] and its [SEP] included) and 1 over the second (BERT's sentence pairs;
+    VL-BERT's segments A and B). A pair too long loses wordpieces from the longer of its two
+    texts first (the tokenizer's "longest_first"), never a [SEP]."""
+    if isinstance(firsts, str) or not firsts or len(firsts) != len(seconds):
+        raise ValueError("firsts and seconds must be non-empty sequences of strings, as long")
+    if max_length < 3:
+        raise ValueError(f"max_length must leave room for [CLS] and two [SEP], got {max_length}")
+    encoded = tokenizer(
+        list(firsts), list(seconds),
+        padding="max_length" if pad_to_max else "longest",
+        truncation="longest_first",
+        max_length=max_length,
+        return_tensors="pt",
+        return_attention_mask=True,
+        return_token_type_ids=True,
+    )
+    return {
+        name: encoded[name].long()
+        for name in ("input_ids", "attention_mask", "token_type_ids")
+    }

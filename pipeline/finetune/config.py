@@ -1,9 +1,10 @@
 """`pipeline finetune` configuration: frozen dataclasses <- YAML + `--set a.b=c`.
 
 Defaults are LXMERT's fine-tuning settings (REFERENCE §3): batch 32, 4 epochs, 10% warmup, lr
-5e-5 (VQA, NLVR2) or 1e-5 (GQA). The `optim` and `run` sections are the trainer's
-(pipeline/train/config.py), as in pretraining. `init` names the checkpoint the encoder starts from: our format, Hugging
-Face's, or an official LXMERT `*_LXRT.pth`; empty trains from scratch with the `model` section.
+5e-5 (VQA, NLVR2) or 1e-5 (GQA); VCR, RefCOCO+ and Flickr30K take ViLBERT's learning rates (2e-5,
+4e-5, 2e-5). The `optim` and `run` sections are the trainer's (pipeline/train/config.py), as in
+pretraining. `init` names the checkpoint the encoder starts from: our format, Hugging Face's, or
+an official LXMERT `*_LXRT.pth`; empty trains from scratch with the `model` section.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from pipeline.train.config import (
     OptimConfig, RunConfig, check_arch, check_schedule, micro_batch,
 )
 
-LEARNING_RATES = {"vqa": 5e-5, "gqa": 1e-5, "nlvr2": 5e-5}
+# LXMERT's (VQA, GQA, NLVR2) and ViLBERT's (VCR, RefCOCO+, Flickr30K retrieval, §4.1).
+LEARNING_RATES = {"vqa": 5e-5, "gqa": 1e-5, "nlvr2": 5e-5, "vcr": 2e-5, "refcoco+": 4e-5,
+                  "flickr30k": 2e-5}
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,9 @@ class TaskDataConfig:
 
     root: the folder of the released files: VQA `v2_OpenEnded_mscoco_{subset}_questions.json` and
         `v2_mscoco_{subset}_annotations.json`, GQA `{split}_balanced_questions.json`, NLVR2
-        `{split}.json`. train: the subsets / splits trained on; val: the one validated on.
+        `{split}.json`, VCR `{split}.jsonl`, RefCOCO+ `refs(unc).p` and `instances.json`,
+        Flickr30K `dataset_flickr30k.json`. train: the subsets / splits trained on; val: the
+        one validated on.
     holdout: a corpus directory (`pipeline corpus build`) whose `minival` images are held out, as
         LXMERT does for VQA: `val` keeps only their questions and training gets the rest of `val`'s
         questions too (LXMERT's nominival). Empty: train and val as given.

@@ -20,6 +20,9 @@ import numpy as np
 
 from pipeline.finetune.config import TaskDataConfig
 from pipeline.finetune.examples import Example, TaskDataError, read_gqa, read_nlvr2, read_vqa
+from pipeline.finetune.refcoco import read_ref_examples
+from pipeline.finetune.retrieval import read_caption_examples
+from pipeline.finetune.vcr import read_vcr_examples
 from shards.schema import Sample
 from shards.store import FeatureStore
 from shards.storage import as_path
@@ -27,8 +30,10 @@ from shards.storage import as_path
 Row = tuple[Example, tuple[Sample, ...]]
 
 
-def subset_examples(task: str, root: Path, subset: str) -> list[Example]:
-    """One subset's examples from the released files under `root`."""
+def subset_examples(task: str, root: Path, subset: str) -> list:
+    """One subset's examples from the released files under `root` (Example for VQA, GQA and
+    NLVR2; the other tasks' own kinds: vcr.ChoiceExample, refcoco.RefExample,
+    retrieval.CaptionExample)."""
     if task == "vqa":
         annotations = root / f"v2_mscoco_{subset}_annotations.json"
         return read_vqa(
@@ -37,7 +42,15 @@ def subset_examples(task: str, root: Path, subset: str) -> list[Example]:
         )
     if task == "gqa":
         return read_gqa(root / f"{subset}_balanced_questions.json")
-    return read_nlvr2(root / f"{subset}.json")
+    if task == "nlvr2":
+        return read_nlvr2(root / f"{subset}.json")
+    if task == "vcr":
+        return read_vcr_examples(root / f"{subset}.jsonl")
+    if task == "refcoco+":
+        return read_ref_examples(root, subset)
+    if task == "flickr30k":
+        return read_caption_examples(root, subset)
+    raise ValueError(f"unknown task {task!r}")
 
 
 def holdout_images(corpus: Path) -> set[str]:

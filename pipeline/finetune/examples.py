@@ -44,8 +44,12 @@ from pipeline.evaluate.inputs import EvaluationError, field, read_json, read_jso
 from pipeline.evaluate.vqa import process_digit_article, process_punctuation
 from shards.schema import make_key
 
-Task = Literal["vqa", "gqa", "nlvr2"]
-TASKS: tuple[Task, ...] = ("vqa", "gqa", "nlvr2")
+Task = Literal["vqa", "gqa", "nlvr2", "vcr", "refcoco+", "flickr30k"]
+# Every fine-tuning task; VQA, GQA and NLVR2 read here, the others in vcr.py, refcoco.py and
+# retrieval.py.
+TASKS: tuple[Task, ...] = ("vqa", "gqa", "nlvr2", "vcr", "refcoco+", "flickr30k")
+# The tasks answered from an answer vocabulary (AnswerModel).
+ANSWER_TASKS: tuple[Task, ...] = ("vqa", "gqa")
 NLVR2_LABELS = {"True": True, "False": False}
 
 

@@ -20,16 +20,16 @@ from torch import nn
 from model.archs import ARCHS
 from model.checkpoints.formats import load_checkpoint
 from model.lxmert import LxmertForPreTraining
-from model.tasks import AnswerModel, PairModel, TaskModel
+from model.tasks import AnswerModel, TaskModel
 from pipeline.common.config import ConfigError, absolute_paths
 from pipeline.common.devices import pick_device, set_threads
 from pipeline.common.text import load_tokenizer
 from pipeline.corpus.read import load_answers
 from pipeline.finetune.answers import AnswerVocab, build_gqa_vocab, build_vqa_vocab, lxmert_head_rows
 from pipeline.finetune.config import FinetuneConfig, config_from_dict
-from pipeline.finetune.data import EvalStream, Features, TaskStream, task_examples
-from pipeline.finetune.examples import Example
-from pipeline.finetune.objective import task_objective
+from pipeline.finetune.data import Features, task_examples
+from pipeline.finetune.examples import ANSWER_TASKS
+from pipeline.finetune.tasks import task_model, task_objective, task_streams
 from pipeline.train.config import static_shapes
 from pipeline.extract.detector import load_extraction_detector
 from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end, require_images
@@ -49,13 +49,14 @@ def prepare_finetune(config: FinetuneConfig) -> FinetuneConfig:
     Ray starts (the examples are read twice)."""
     config = absolute_paths(config, PATHS)
     if config.run.workers > 0:
-        features, train, _ = task_data(config)
-        count_steps(TaskStream(train, features, batch_size=config.micro_batch, rank=0,
-                               world_size=config.run.workers, seed=config.run.seed), config)
+        features, train, val = task_data(config)
+        stream, _ = task_streams(config.task, train, val, features, batch_size=config.micro_batch,
+                                 rank=0, world_size=config.run.workers, seed=config.run.seed)
+        count_steps(stream, config)
     return config
 
 
-def task_data(config: FinetuneConfig) -> tuple[Features, list[Example], list[Example]]:
+def task_data(config: FinetuneConfig) -> tuple[Features, list, list]:
     """The run's features and its training and validation examples that have them."""
     features = Features.open(config.data.shards, config.data.cache_mb)
     train, val = task_examples(config.task, config.data)
@@ -128,13 +129,12 @@ def build_task_model(config: FinetuneConfig, *, vocab: AnswerVocab | None, vocab
     encoder, encoder_config, qa_head = _encoder(
         config, vocab_size=vocab_size, feature_dim=feature_dim, rank=rank
     )
-    if config.task == "nlvr2":
-        return PairModel(encoder), encoder_config
-    model = AnswerModel(encoder, len(vocab))
-    if qa_head is not None and pretrain_answers is not None:
+    model = task_model(config.task, encoder, vocab)
+    if isinstance(model, AnswerModel) and qa_head is not None and pretrain_answers is not None:
         copied = transfer_answer_head(model, qa_head, vocab, pretrain_answers)
         if rank == 0:
-            print(f"answer head: {copied} of {len(vocab)} answers start from the pretrained QA head")
+            print(f"answer head: {copied} of {len(vocab)} answers start from the pretrained QA "
+                  "head")
     return model, encoder_config
 
 
@@ -146,7 +146,7 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
     tokenizer = load_tokenizer(data.tokenizer or None)
     features, train, val = task_data(config)
     feature_dim = int(features[train[0].images[0]].meta["feature_dim"])
-    vocab = None if config.task == "nlvr2" else answer_vocab(config, train)
+    vocab = answer_vocab(config, train) if config.task in ANSWER_TASKS else None
     torch.manual_seed(config.run.seed)
     pretrain_answers = load_answers(config.init_answers).answers if config.init_answers else None
     module, encoder_config = build_task_model(
@@ -160,17 +160,19 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
         print(f"{config.task}: {len(train)} training, {len(val)} validation examples"
               + (f", {len(vocab)} answers" if vocab is not None else ""))
     device = pick_device(config.run.device)
-    objective = task_objective(tokenizer, vocab, data,
+    objective = task_objective(config.task, tokenizer, vocab, data,
                                static_shapes=static_shapes(config.run, device),
                                float16_features=device.type == "cuda")
     micro = config.micro_batch
+    train_stream, val_stream = task_streams(config.task, train, val, features, batch_size=micro,
+                                            rank=rank, world_size=world, seed=config.run.seed)
 
     pixels = save_detector = None
     visual = config.visual
     if visual.trainable:
-        if config.task == "nlvr2":
-            raise ConfigError("visual.trainable: end-to-end training takes rows of one image; "
-                              "NLVR2's rows have two (train it on frozen features)")
+        if config.task in ("nlvr2", "flickr30k"):
+            raise ConfigError(f"visual.trainable: end-to-end training takes rows of one image; "
+                              f"{config.task}'s rows have several (train it on frozen features)")
         require_images(features[train[0].images[0]], ", ".join(config.data.shards))
         detector, extraction = load_extraction_detector(visual.extract_config or None,
                                                         visual.weights)
@@ -190,9 +192,8 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
         device=device,
         module=module,
         objective=objective,
-        train=TaskStream(train, features, batch_size=micro, rank=rank, world_size=world,
-                         seed=config.run.seed),
-        val=EvalStream(val, features, batch_size=micro, rank=rank, world_size=world),
+        train=train_stream,
+        val=val_stream,
         texts=None,
         export=export,
         files={} if vocab is None else {ANSWERS_FILE: vocab.to_json()},

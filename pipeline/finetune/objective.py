@@ -34,7 +34,7 @@ from shards.batch import RegionBatch, collate_regions
 from shards.schema import Sample
 
 
-class _Task:
+class TaskRows:
     """What both tasks share: the tokenizer, the row sizes and how text and regions are batched."""
 
     def __init__(self, tokenizer, *, max_text_length: int, max_boxes: int,
@@ -63,7 +63,7 @@ class _Task:
         return None if self.static_shapes and bool(region_mask.all()) else region_mask
 
 
-class AnswerTask(_Task):
+class AnswerTask(TaskRows):
     """VQA / GQA: see the module docstring."""
 
     def __init__(self, tokenizer, vocab: AnswerVocab, *, max_text_length: int, max_boxes: int,
@@ -96,12 +96,13 @@ class AnswerTask(_Task):
         metric = (scores.gather(1, best).sum(), scores.new_full((), float(batch.size)))
         return {"loss_answer": vqa_bce_loss(logits, scores)}, {"score": metric}
 
-    def predict(self, model: nn.Module, batch: TrainBatch) -> list[str]:
+    def predict(self, model: nn.Module, batch: TrainBatch,
+                samples: Sequence[tuple[Sample, ...]]) -> list[str]:
         logits = model(**batch.inputs)
         return [self.vocab.answers[i] for i in logits.argmax(-1).tolist()]
 
 
-class PairTask(_Task):
+class PairTask(TaskRows):
     """NLVR2: see the module docstring."""
 
     def make_batch(self, examples: Sequence[Example], samples: Sequence[tuple[Sample, ...]],
@@ -127,15 +128,7 @@ class PairTask(_Task):
         metric = accuracy(logits, labels, torch.ones_like(labels))
         return {"loss_pair": F.cross_entropy(logits.float(), labels)}, {"accuracy": metric}
 
-    def predict(self, model: nn.Module, batch: TrainBatch) -> list[str]:
+    def predict(self, model: nn.Module, batch: TrainBatch,
+                samples: Sequence[tuple[Sample, ...]]) -> list[str]:
         logits = model(**batch.inputs)
         return ["True" if i == 1 else "False" for i in logits.argmax(-1).tolist()]
-
-
-def task_objective(tokenizer, vocab: AnswerVocab | None, data, *, static_shapes: bool = False,
-                   float16_features: bool = False) -> AnswerTask | PairTask:
-    """The objective of a run's TaskDataConfig `data`: PairTask without a vocabulary (NLVR2)."""
-    kind = dict(max_text_length=data.max_text_length, max_boxes=data.max_boxes,
-                language_only=data.language_only, static_shapes=static_shapes,
-                float16_features=float16_features)
-    return PairTask(tokenizer, **kind) if vocab is None else AnswerTask(tokenizer, vocab, **kind)

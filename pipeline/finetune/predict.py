@@ -25,9 +25,14 @@ from model.tasks import TaskModel
 from pipeline.finetune.answers import AnswerVocab
 from pipeline.finetune.config import FinetuneConfig, config_from_dict
 from pipeline.finetune.data import EvalStream, Features, holdout_images, subset_examples
-from pipeline.finetune.examples import Example, TaskDataError
+from pipeline.evaluate.refcoco import write_refcoco_predictions
+from pipeline.evaluate.vcr import write_vcr_submission
+from pipeline.finetune.examples import ANSWER_TASKS, Example, TaskDataError
 from pipeline.finetune.job import ANSWERS_FILE, build_task_model
-from pipeline.finetune.objective import AnswerTask, PairTask, task_objective
+from pipeline.finetune.objective import TaskRows
+from pipeline.finetune.retrieval import CaptionExample, RetrievalTask, score_matrix
+from pipeline.finetune.tasks import task_objective
+from pipeline.finetune.vcr import prediction_items, vcr_predictions
 from pipeline.extract.detector import load_extraction_detector
 from pipeline.train.batch import TrainBatch
 from pipeline.train.checkpoint import latest_checkpoint, load_state
@@ -40,15 +45,15 @@ from pipeline.common.text import load_tokenizer
 @dataclass(frozen=True)
 class RunModel:
     """A fine-tuned run rebuilt for inference: its config (as saved), the task model with the
-    checkpoint's weights in eval mode, the answer vocabulary (None for NLVR2) and the objective
-    that batches examples for the model (AnswerTask, or PairTask for NLVR2); pixels: how a
+    checkpoint's weights in eval mode, the answer vocabulary (VQA, GQA; else None) and the
+    objective that batches examples for the model (pipeline/finetune/tasks.py); pixels: how a
     batch's images are prepared when the run trained its detector end to end (the model is then
     an EndToEnd around the task model), else None."""
 
     config: FinetuneConfig
     model: TaskModel
     vocab: AnswerVocab | None
-    objective: AnswerTask | PairTask
+    objective: TaskRows
     pixels: PixelConfig | None = None
 
     def make_batch(self, examples: Sequence[Example], samples: Sequence[tuple[Sample, ...]]
@@ -82,7 +87,7 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None, *,
     ckpt = checkpoint or latest_checkpoint(run_dir)
     if ckpt is None:
         raise TaskDataError(f"{run_dir}: no checkpoint")
-    vocab = None if config.task == "nlvr2" else AnswerVocab.load(run_dir / ANSWERS_FILE)
+    vocab = AnswerVocab.load(run_dir / ANSWERS_FILE) if config.task in ANSWER_TASKS else None
     tokenizer = load_tokenizer(config.data.tokenizer or None)
     # config.yaml records the encoder the run trained (job.py), its feature width included.
     model, _ = build_task_model(config, vocab=vocab, vocab_size=tokenizer.vocab_size,
@@ -100,7 +105,7 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None, *,
             "diverged: pick an earlier --checkpoint or fine-tune again with a lower optim.lr"
         )
     model.eval()
-    objective = task_objective(tokenizer, vocab, config.data)
+    objective = task_objective(config.task, tokenizer, vocab, config.data)
     return RunModel(config=config, model=model, vocab=vocab, objective=objective, pixels=pixels)
 
 
@@ -126,7 +131,8 @@ def predict_subset(task: str, run_dir: Path, subset: str, *, root: str | None = 
     run = load_run_model(run_dir, Path(checkpoint) if checkpoint else None, task=task)
     data = replace(run.config.data, root=root or run.config.data.root,
                    shards=tuple(shards) if shards else run.config.data.shards)
-    examples = subset_examples(task, Path(data.root), subset)
+    examples = (prediction_items(Path(data.root) / f"{subset}.jsonl") if task == "vcr"
+                else subset_examples(task, Path(data.root), subset))
     if holdout:
         held = holdout_images(Path(holdout))
         examples = [e for e in examples if set(e.images) <= held]
@@ -154,16 +160,58 @@ def predict_subset(task: str, run_dir: Path, subset: str, *, root: str | None = 
                          desc=f"predict {task} {subset}", unit="batch"):
             items = [example for example, _ in rows]
             batch = run.make_batch(items, [samples for _, samples in rows])
-            out.extend(zip([e.id for e in items], run.objective.predict(run.model, batch)))
+            samples = [samples for _, samples in rows]
+            out.extend(zip([e.id for e in items], run.objective.predict(run.model, batch, samples)))
     return out
 
 
-def write_submission(task: str, predictions: list[tuple[str, str]], path: Path) -> None:
+def predict_retrieval(run_dir: Path, subset: str, *, root: str | None = None,
+                      shards: list[str] | None = None, checkpoint: str | None = None,
+                      batch_size: int = 256) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A Flickr30K run's score of every caption of `subset` with every image of it: (scores
+    (C, I), the captions' sentids (C,), the images' imgids (I,)), for
+    write_retrieval_predictions."""
+    run = load_run_model(run_dir, Path(checkpoint) if checkpoint else None, task="flickr30k")
+    if run.pixels is not None:
+        raise TaskDataError(f"{run_dir} trained its detector end to end: retrieval scores "
+                            "frozen features only")
+    data = replace(run.config.data, root=root or run.config.data.root,
+                   shards=tuple(shards) if shards else run.config.data.shards)
+    captions = subset_examples("flickr30k", Path(data.root), subset)
+    return retrieval_matrix(run.model, run.objective, captions,
+                            Features.open(data.shards, data.cache_mb), batch_size=batch_size)
+
+
+def retrieval_matrix(scorer, objective: RetrievalTask, captions: list[CaptionExample],
+                     features: Features, *, batch_size: int = 256
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(scores (C, I), sentids (C,), imgids (I,)) of `captions` against their images, in the
+    order images first appear; every image must be in `features`."""
+    image_of: dict[str, int] = {}
+    for caption in captions:
+        image_of.setdefault(caption.images[0], caption.imgid)
+    missing = [key for key in image_of if key not in features]
+    if missing:
+        raise TaskDataError(f"{len(missing)} of {len(image_of)} images have no features in the "
+                            f"shards (first: {missing[0]})")
+    keys = list(image_of)
+    scores = score_matrix(scorer, objective, captions, keys, features, batch_size=batch_size)
+    return (scores, np.array([int(c.id) for c in captions], dtype=np.int64),
+            np.array([image_of[k] for k in keys], dtype=np.int64))
+
+
+def write_submission(task: str, predictions: list[tuple[str, object]], path: Path) -> None:
     """The benchmark's submission file (module docstring)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if task == "nlvr2":
         with open(path, "w", newline="") as f:
             csv.writer(f).writerows(predictions)
+        return
+    if task == "vcr":
+        write_vcr_submission(vcr_predictions(predictions), path)
+        return
+    if task == "refcoco+":
+        write_refcoco_predictions([(int(sent_id), box) for sent_id, box in predictions], path)
         return
     if task == "vqa":
         rows = [{"question_id": int(qid), "answer": answer} for qid, answer in predictions]

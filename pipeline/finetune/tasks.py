@@ -1,0 +1,76 @@
+"""The six fine-tuning tasks side by side: each one's objective, head and training streams.
+
+    task       examples (data.subset_examples)  objective      model (model/tasks.py)
+    vqa, gqa   examples.Example                 AnswerTask     AnswerModel
+    nlvr2      examples.Example (two images)    PairTask       PairModel
+    vcr        vcr.ChoiceExample                ChoiceTask     MultipleChoiceModel
+    refcoco+   refcoco.RefExample               RegionTask     RegionScoreModel
+    flickr30k  retrieval.CaptionExample         RetrievalTask  RetrievalModel
+
+Every task but Flickr30K trains on its examples as they are (data.TaskStream); Flickr30K's rows
+draw their distractors (distractors.RetrievalStream).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from model.tasks import (
+    AnswerModel,
+    MultipleChoiceModel,
+    PairModel,
+    RegionScoreModel,
+    RetrievalModel,
+    TaskModel,
+)
+from pipeline.finetune.answers import AnswerVocab
+from pipeline.finetune.data import EvalStream, Features, TaskStream
+from pipeline.finetune.distractors import RetrievalStream, hard_negative_pool
+from pipeline.finetune.examples import ANSWER_TASKS
+from pipeline.finetune.objective import AnswerTask, PairTask, TaskRows
+from pipeline.finetune.refcoco import RegionTask
+from pipeline.finetune.retrieval import RetrievalTask
+from pipeline.finetune.vcr import ChoiceTask
+
+OBJECTIVES: dict[str, type[TaskRows]] = {
+    "nlvr2": PairTask, "vcr": ChoiceTask, "refcoco+": RegionTask, "flickr30k": RetrievalTask,
+}
+HEADS: dict[str, type[TaskModel]] = {
+    "nlvr2": PairModel, "vcr": MultipleChoiceModel, "refcoco+": RegionScoreModel,
+    "flickr30k": RetrievalModel,
+}
+
+
+def task_objective(task: str, tokenizer, vocab: AnswerVocab | None, data, *,
+                   static_shapes: bool = False, float16_features: bool = False) -> TaskRows:
+    """The objective of `task` with a run's TaskDataConfig `data` (a vocabulary for VQA, GQA)."""
+    kind = dict(max_text_length=data.max_text_length, max_boxes=data.max_boxes,
+                language_only=data.language_only, static_shapes=static_shapes,
+                float16_features=float16_features)
+    if task in ANSWER_TASKS:
+        return AnswerTask(tokenizer, vocab, **kind)
+    return OBJECTIVES[task](tokenizer, **kind)
+
+
+def task_model(task: str, encoder: nn.Module, vocab: AnswerVocab | None) -> TaskModel:
+    """`encoder` with `task`'s head (freshly initialised)."""
+    if task in ANSWER_TASKS:
+        return AnswerModel(encoder, len(vocab))
+    return HEADS[task](encoder)
+
+
+def task_streams(task: str, train: list, val: list, features: Features, *, batch_size: int,
+                 rank: int, world_size: int, seed: int) -> tuple[TaskStream, TaskStream]:
+    """(training stream, validation stream) of a run's examples."""
+    if task != "flickr30k":
+        return (TaskStream(train, features, batch_size=batch_size, rank=rank,
+                           world_size=world_size, seed=seed),
+                EvalStream(val, features, batch_size=batch_size, rank=rank,
+                           world_size=world_size))
+    streams = []
+    for examples, in_order in ((train, False), (val, True)):
+        pool = hard_negative_pool(sorted({e.images[0] for e in examples}), features)
+        streams.append(RetrievalStream(examples, features, batch_size=batch_size, rank=rank,
+                                       world_size=world_size, seed=seed, pool=pool,
+                                       in_order=in_order))
+    return streams[0], streams[1]
