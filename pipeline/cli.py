@@ -24,12 +24,12 @@ from pipeline.corpus.config import CorpusError
 from pipeline.datasets import DatasetError
 from pipeline.demo import ablation, demo
 from pipeline.detector import command as detector
-from pipeline.evaluate import command as evaluate
 from pipeline.evaluate.inputs import EvaluationError
 from pipeline.extract import command as extract
 from pipeline.extract import shards_command as shards
 from pipeline.extract import show_command as show
 from pipeline.finetune import command as finetune
+from pipeline.finetune import evaluate_command as evaluate
 from pipeline.finetune import predict_command as predict
 from pipeline.finetune.examples import ExamplesError, TaskDataError
 from pipeline.pretrain import command as pretrain

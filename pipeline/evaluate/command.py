@@ -71,8 +71,9 @@ SPLIT_BENCHMARKS = ("refcoco+", "flickr30k")
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("benchmark", choices=BENCHMARKS, help="which benchmark's metric")
     parser.add_argument(
-        "--predictions", required=True, metavar="FILE",
-        help="predictions, in the benchmark's submission format (ours where it has none)",
+        "--predictions", metavar="FILE",
+        help="predictions, in the benchmark's submission format (ours where it has none); "
+        "required",
     )
     parser.add_argument(
         "--annotations", required=True, metavar="FILE",
@@ -181,6 +182,8 @@ HANDLERS = {"vqa": _vqa, "gqa": _gqa, "nlvr2": _nlvr2, "vcr": _vcr, "refcoco+": 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.predictions is None:
+        raise EvaluationError("--predictions FILE is required: the file to score")
     if args.benchmark not in ("vqa", "gqa") and args.holdout is not None:
         raise EvaluationError(
             f"--holdout is for vqa and gqa (LXMERT's minival); {args.benchmark} has its own "

@@ -21,7 +21,7 @@ import numpy as np
 from pipeline.finetune.config import TaskDataConfig
 from pipeline.finetune.examples import Example, TaskDataError, read_gqa, read_nlvr2, read_vqa
 from pipeline.finetune.refcoco import read_ref_examples
-from pipeline.finetune.retrieval import read_caption_examples
+from pipeline.finetune.retrieval import KARPATHY_FILE, read_caption_examples
 from pipeline.finetune.vcr import read_vcr_examples
 from shards.schema import Sample
 from shards.store import FeatureStore
@@ -49,7 +49,7 @@ def subset_examples(task: str, root: Path, subset: str) -> list:
     if task == "refcoco+":
         return read_ref_examples(root, subset)
     if task == "flickr30k":
-        return read_caption_examples(root, subset)
+        return read_caption_examples(root / KARPATHY_FILE, subset)
     raise ValueError(f"unknown task {task!r}")
 
 

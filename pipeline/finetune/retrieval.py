@@ -65,10 +65,11 @@ class RetrievalItem:
     other_sentence: str
 
 
-def read_caption_examples(root: Path, split: str) -> list[CaptionExample]:
-    """The captions of `split` (train, val, test) of root/dataset_flickr30k.json, image by image."""
+def read_caption_examples(path: Path, split: str) -> list[CaptionExample]:
+    """The captions of `split` (train, val, test) of a Karpathy split file
+    (dataset_flickr30k.json), image by image."""
     try:
-        images = read_karpathy(root / KARPATHY_FILE, split)
+        images = read_karpathy(path, split)
     except EvaluationError as err:
         raise ExamplesError(str(err)) from err
     return [CaptionExample("flickr30k", str(sentid), (image_key(image.filename),), raw,
