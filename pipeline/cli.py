@@ -22,7 +22,7 @@ from pipeline.common.ray_session import RayStartError
 from pipeline.corpus import command as corpus
 from pipeline.corpus.config import CorpusError
 from pipeline.datasets import DatasetError
-from pipeline.demo import ablation, demo
+from pipeline.demo import demo
 from pipeline.detector import command as detector
 from pipeline.evaluate.inputs import EvaluationError
 from pipeline.extract import command as extract
@@ -53,7 +53,6 @@ VERBS: dict[str, ModuleType] = {
     "evaluate": evaluate,
     "convert": convert,
     "demo": demo,
-    "ablate": ablation,
 }
 # Errors in what the user gave (a config, a dataset, a file): one line on stderr, exit status 2.
 USER_ERRORS: dict[type[Exception], str] = {

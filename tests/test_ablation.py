@@ -1,4 +1,4 @@
-"""`pipeline ablate end-to-end` (pipeline/demo/ablation.py): which questions count as asking for
+"""`pipeline demo end-to-end` (pipeline/demo/ablation.py): which questions count as asking for
 material, the table it prints, and, opt-in (slow), the ablation itself: VQA fine-tuned with the
 detector trained end to end beats frozen features on the material questions."""
 

@@ -1,4 +1,4 @@
-"""`pipeline ablate end-to-end`: VL-BERT's "tuning Fast R-CNN" ablation (Su et al. 2020, §4.3,
+"""`pipeline demo end-to-end`: VL-BERT's "tuning Fast R-CNN" ablation (Su et al. 2020, §4.3,
 Table 4) in miniature: does training the detector with the transformer help where its frozen
 features fall short?
 
@@ -22,27 +22,13 @@ Every step keeps its output under --out and is skipped (or resumed) when run aga
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.common.arguments import add_config_args
 from pipeline.common.assets import CONFIGS
-from pipeline.common.config import resolve, to_dict
+from pipeline.common.config import to_dict
 
-HELP = "ablations in miniature on the world (end-to-end: detector trained with VL-BERT or not)"
-DESCRIPTION = (
-    "Reproduce a paper's ablation on a generated world. `end-to-end`: VL-BERT's 'tuning Fast "
-    "R-CNN' row. A world of three materials, which the bundled detector was never trained to "
-    "tell apart; a small VL-BERT pretrained on its frozen features; VQA fine-tuned from that one "
-    "checkpoint with frozen features and with the detector trained end to end (same steps, batch "
-    "and seed); the held-out minival questions scored with the official metric, all and those "
-    "asking for material. Prints the table and writes OUT/results.json. About 25 minutes on 2 "
-    "CPU cores; a second run reuses what the first finished. Sizes: --set vqa_steps=..., --set "
-    "world_images=... (see pipeline/demo/ablation.py)."
-)
 PRETRAIN_CONFIG = CONFIGS / "pretrain" / "vlbert_tiny.yaml"
 ARMS = ("frozen", "end_to_end")
 # What the VQA questions that ask for material say (pipeline/world/language/vqa.py).
@@ -158,7 +144,7 @@ def format_results(results: dict) -> str:
 
 def run_end_to_end(cfg: AblationConfig, out: Path) -> dict:
     """The ablation (module docstring) under `out`; returns results.json's dict."""
-    from pipeline.demo.demo import Steps, Trainings
+    from pipeline.demo.trainings import Steps, Trainings
     from pipeline.demo.world_setup import Extraction, corpus, extract, generate
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
@@ -190,19 +176,3 @@ def run_end_to_end(cfg: AblationConfig, out: Path) -> dict:
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(format_results(results))
     return results
-
-
-def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("ablation", choices=["end-to-end"],
-                        help="end-to-end: VQA with the detector frozen or trained with VL-BERT")
-    parser.add_argument("--out", default="ablation_out",
-                        help="output directory (default: ablation_out)")
-    add_config_args(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    cfg = resolve(AblationConfig(), args.config, args.sets)
-    out = Path(args.out).resolve()
-    run_end_to_end(cfg, out)
-    print(f"\nresults.json in {out}")
-    return 0

@@ -21,22 +21,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.assets import CONFIGS
 from pipeline.common.arguments import add_config_args
 from pipeline.common.config import resolve, to_dict
+from pipeline.demo.trainings import Steps, Trainings
 
-HELP = "the whole pipeline learning on a laptop: world -> features -> LXMERT -> VQA, NLVR2"
+HELP = "the whole pipeline learning on a laptop: world -> features -> LXMERT -> VQA, NLVR2, ..."
 DESCRIPTION = (
     "Generate a synthetic world, extract its images with Ray and the bundled detector, pretrain "
     "a small LXMERT, fine-tune VQA and NLVR2 (pretrained, from scratch, language-only), score "
     "the held-out splits with the official metrics; prints the table, writes OUT/results.json "
     "and OUT/pictures/. About 8-11 minutes on 2 CPU cores, two training runs at a time; a second "
     "run reuses what the first finished. Sizes and world: --set world_images=..., --set "
-    "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/demo.py)."
+    "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/demo.py). Two more "
+    "experiments: `pipeline demo benchmarks` (VCR, RefCOCO+, Flickr30K retrieval fine-tuned and "
+    "zero-shot, against their baselines) and `pipeline demo end-to-end` (VL-BERT's detector "
+    "trained with the transformer or frozen, on questions about material)."
 )
 # Every model of the demo: configs/pretrain/lxmert_tiny (LXMERT at hidden 64, no dropout) with
 # DemoConfig.cross_layers cross-modality layers.
@@ -81,18 +84,6 @@ class DemoConfig:
     parallel: int = 2
 
 
-class Steps:
-    """Numbered progress lines with the time since the demo started."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.start = total, 0, time.perf_counter()
-
-    def __call__(self, what: str) -> None:
-        self.done += 1
-        elapsed = time.perf_counter() - self.start
-        print(f"\n[{self.done}/{self.total}] {what}  ({elapsed:.0f} s so far)", flush=True)
-
-
 def _world_config(cfg: DemoConfig):
     from pipeline.world.generate import WorldConfig
 
@@ -100,18 +91,6 @@ def _world_config(cfg: DemoConfig):
                        max_objects=cfg.max_objects, shapes=cfg.shapes, colors=cfg.colors,
                        materials=cfg.materials, vqa_per_image=cfg.vqa_per_image,
                        nlvr2_sentences_per_set=cfg.nlvr2_sentences_per_set)
-
-
-def _train(build, config, run: Path) -> None:
-    """A pretraining or fine-tuning run (`build`: pretrain_job or finetune_job) in this process,
-    resumed from its last checkpoint if an earlier one broke off; its `done` file marks it
-    finished (Trainings skips it then)."""
-    from pipeline.train.checkpoint import latest_checkpoint
-    from pipeline.train.launch import run_training
-
-    resume = latest_checkpoint(run) is not None
-    run_training(build, config, run, resume=resume)
-    (run / "done").write_text("")
 
 
 def _pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path):
@@ -123,78 +102,6 @@ def _pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path):
         "run.workers=0", f"run.epochs={cfg.pretrain_epochs}", "run.log_every=10",
         f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200",
     ])
-
-
-def _train_logged(build, config, run: Path) -> float:
-    """`_train` in a worker process with its output in run/train.log; returns its seconds."""
-    import contextlib
-
-    run.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    with open(run / "train.log", "a") as log, contextlib.redirect_stdout(log), \
-            contextlib.redirect_stderr(log):
-        _train(build, config, run)
-    return time.perf_counter() - start
-
-
-def _last_step(run: Path) -> int:
-    from pipeline.train.logs import METRICS, read_metrics
-
-    records = read_metrics(run) if (run / METRICS).is_file() else []
-    return records[-1]["step"] if records else 0
-
-
-class Trainings:
-    """Training runs, `parallel` at once in worker processes (each run's output in its
-    train.log), with a progress line every half minute; with parallel <= 1 each run trains in
-    this process when it is submitted. A finished run (its `done` file) is not trained again."""
-
-    def __init__(self, parallel: int) -> None:
-        self.pool, self.futures = None, {}
-        if parallel > 1:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            context = multiprocessing.get_context("spawn")  # no forked torch threads or Ray state
-            self.pool = ProcessPoolExecutor(parallel, mp_context=context)
-
-    def __enter__(self) -> Trainings:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(cancel_futures=True)
-
-    def submit(self, name: str, build, config, run: Path) -> None:
-        if (run / "done").is_file():
-            print(f"{name}: {run}: trained already")
-        elif self.pool is None:
-            print(f"\n{name}:")
-            _train(build, config, run)
-        else:
-            print(f"{name}: queued (output: {run / 'train.log'})", flush=True)
-            self.futures[self.pool.submit(_train_logged, build, config, run)] = (name, run)
-
-    def wait(self, name: str | None = None) -> None:
-        """Until run `name` (None: every run) has finished."""
-        from concurrent.futures import FIRST_COMPLETED, wait
-
-        def waiting() -> bool:
-            names = [n for n, _ in self.futures.values()]
-            return name in names if name else bool(names)
-
-        while waiting():
-            finished, _ = wait(list(self.futures), timeout=30, return_when=FIRST_COMPLETED)
-            for future in finished:
-                done, run = self.futures.pop(future)
-                if future.exception() is not None:
-                    print(f"{done}: failed; its output is in {run / 'train.log'}")
-                    raise future.exception()
-                print(f"{done}: trained in {future.result():.0f} s", flush=True)
-            at = {n: _last_step(run) for n, run in self.futures.values()}
-            steps = [f"{n} at step {step}" for n, step in at.items() if step]
-            if steps and not finished:
-                print("  " + ", ".join(steps), flush=True)
 
 
 def _finetune_config(task: str, cfg: DemoConfig, variant: str, pretrain_config, pretrain_run: Path,
@@ -275,18 +182,53 @@ def format_results(results: dict) -> str:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="demo_out", help="output directory (default: demo_out)")
+    parser.add_argument(
+        "experiment", nargs="?", default="main", choices=list(EXPERIMENTS),
+        help="main (default): VQA and NLVR2, pretrained / scratch / language-only; benchmarks: "
+        "VCR, RefCOCO+, Flickr30K retrieval (fine-tuned and zero-shot) against their baselines "
+        "(pipeline/demo/benchmarks.py); end-to-end: VL-BERT's frozen vs end-to-end detector "
+        "ablation on material questions (pipeline/demo/ablation.py)",
+    )
+    parser.add_argument("--out", help="output directory (default: demo_out, demo_benchmarks "
+                        "or demo_end_to_end)")
     add_config_args(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.experiment != "main":
+        config_type, experiment = EXPERIMENTS[args.experiment]()
+        out = Path(args.out or f"demo_{args.experiment.replace('-', '_')}").resolve()
+        experiment(resolve(config_type(), args.config, args.sets), out)
+        print(f"\nresults.json in {out}")
+        return 0
+    return run_main(resolve(DemoConfig(), args.config, args.sets),
+                    Path(args.out or "demo_out").resolve())
+
+
+def _benchmarks():
+    from pipeline.demo.benchmarks import BenchmarksConfig, run_benchmarks
+
+    return BenchmarksConfig, run_benchmarks
+
+
+def _end_to_end():
+    from pipeline.demo.ablation import AblationConfig, run_end_to_end
+
+    return AblationConfig, run_end_to_end
+
+
+# The experiments besides the main demo: name -> () -> (config class, run(config, out)), imported
+# when chosen (the verb's module stays light).
+EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_end}
+
+
+def run_main(cfg: DemoConfig, out: Path) -> int:
+    """The main demo (module docstring) under `out`."""
     from pipeline.common.assets import bundled_detector
     from pipeline.demo.world_setup import Extraction, corpus, extract, generate
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
-    cfg = resolve(DemoConfig(), args.config, args.sets)
-    out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "demo_config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     step = Steps(8)

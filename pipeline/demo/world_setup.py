@@ -63,19 +63,25 @@ def generate(config: WorldConfig, out: Path, *, progress: bool = True) -> Path:
 
 
 def extract(world: Path, dataset: str, out: Path, extraction: Extraction, *,
-            reader: str | None = None, progress: bool = True, verify: bool = False) -> Path:
+            reader: str | None = None, progress: bool = True, verify: bool = False,
+            given_boxes: Path | None = None) -> Path:
     """World images of `dataset` (world/<dataset>, read with the `reader` dataset reader, by
-    default the dataset's own) -> shards in `out`; with `verify`, checked end to end after."""
+    default the dataset's own) -> shards in `out`; with `verify`, checked end to end after.
+    given_boxes: a `--given-boxes` JSON file: the regions are those boxes (`--boxes given`)."""
+    from pipeline.extract.config import load_given_boxes
+
     config, weights = bundled_detector()
     sets = [f"output.shard_size={extraction.shard_size}"]
     if extraction.class_probs:
         sets.append("save_class_probs=true")
     if extraction.keep_images:
         sets.append("output.keep_images=true")
-    job = resolve_job(str(config), sets, device=extraction.device, engine=extraction.engine)
+    job = resolve_job(str(config), sets, boxes="given" if given_boxes else None,
+                      device=extraction.device, engine=extraction.engine)
     print(f"extracting {dataset} images in {world / dataset} -> {out} ({extraction.engine} engine)")
+    given = load_given_boxes(str(given_boxes)) if given_boxes else None
     tally = extract_dataset(job, reader or dataset, str(world / dataset), out,
-                            weights=str(weights), show_progress=progress)
+                            weights=str(weights), given_boxes=given, show_progress=progress)
     print(format_summary(tally, out))
     if verify:
         problems = verify_shards(out)
