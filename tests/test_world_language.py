@@ -256,6 +256,19 @@ def test_vqa_small_palette_names_only_its_values_and_never_asks_one_material():
     assert {q.multiple_choice_answer for q in questions} >= {"yes", "no", "0", "1"}
 
 
+def test_vqa_asks_only_the_kinds_chosen():
+    scenes = _scenes(5, 40)
+    everything = vqa_questions(scenes, 5, 4, 0)
+    assert everything == vqa_questions(scenes, 5, 4, 0, kinds=())
+    material = vqa_questions(scenes, 5, 4, 0, kinds=("material",))
+    assert material and all(" made of" in q.question for q in material)
+    assert {q.multiple_choice_answer for q in material} == {"metal", "wood", "plastic"}
+    mixed = vqa_questions(scenes, 5, 3, 0, kinds=("material", "color"))
+    assert {"color" in q.question or " made of" in q.question for q in mixed} == {True}
+    with pytest.raises(ValueError, match="unknown VQA question kinds"):
+        vqa_questions(scenes, 5, 4, 0, kinds=("weight",))
+
+
 def test_vqa_is_deterministic_under_a_seed():
     scenes = _scenes(4, 20)
     assert vqa_questions(scenes, 5, 4, 0) == vqa_questions(scenes, 5, 4, 0)

@@ -90,6 +90,7 @@ from pipeline.world.language import (
     vqa_questions,
 )
 from pipeline.world.language.nlvr2 import SENTENCES_PER_SET
+from pipeline.world.language.vqa import VQA_KINDS
 from pipeline.world.language.refcoco import distinguishing_specs
 from pipeline.world.sampling import OBJECTS_PER_ID, make_scene
 from pipeline.world.scene import COLORS, MATERIALS, SHAPES, Palette, Scene
@@ -128,6 +129,8 @@ class WorldConfig:
     Visual Genome images stored in VG_100K_2. min_objects / max_objects: objects per scene.
     shapes / colors / materials: the palette objects are drawn from (scene.Palette; default all).
     *_per_image: questions per image (captions_per_image: COCO and Flickr30K captions).
+    vqa_kinds: the only kinds of VQA question asked (language/vqa.py VQA_KINDS, e.g. [material,
+    color]); empty: every kind.
     nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls per COCO/VG scene.
     nlvr2_sentences_per_set: NLVR2 sentences written for each set of four pairs (every one is
     an item with each pair). cc3m_failed_fraction: urls that fail to download (at least one).
@@ -147,6 +150,7 @@ class WorldConfig:
     materials: tuple[str, ...] = MATERIALS
     captions_per_image: int = 5
     vqa_per_image: int = 6
+    vqa_kinds: tuple[str, ...] = ()
     gqa_per_image: int = 6
     nlvr2_fraction: float = 0.25
     nlvr2_sentences_per_set: int = SENTENCES_PER_SET
@@ -160,6 +164,10 @@ class WorldConfig:
     flickr30k_fraction: float = 0.1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "vqa_kinds", tuple(self.vqa_kinds))
+        unknown = set(self.vqa_kinds) - set(VQA_KINDS)
+        if unknown:
+            raise ConfigError(f"vqa_kinds: unknown {sorted(unknown)}; known: {list(VQA_KINDS)}")
         if not 8 <= self.images <= MAX_IMAGES:
             raise ConfigError(f"images must be between 8 and {MAX_IMAGES}, got {self.images}")
         if self.seed < 0:
@@ -269,7 +277,8 @@ def write_coco_vg(cfg: WorldConfig, out: Path, plan: Sequence[PlannedImage], bar
             "instances": len(instance_doc["annotations"]),
         }
 
-        questions = vqa_questions([s for _, s in images], cfg.seed, cfg.vqa_per_image, question_id)
+        questions = vqa_questions([s for _, s in images], cfg.seed, cfg.vqa_per_image, question_id,
+                                  cfg.vqa_kinds)
         question_id += len(questions)
         write_json(out / "vqa" / vqa.questions_file_name(subset),
                    vqa.questions_json(subset, questions, coco_ids))

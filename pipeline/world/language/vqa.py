@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pipeline.world.language.describe import (
@@ -219,6 +219,7 @@ _KINDS: dict[str, Callable[[Scene, random.Random], list[_Candidate]]] = {
     "relation_verify": _relation_verify_questions,
     "relation_query": _relation_query_questions,
 }
+VQA_KINDS = tuple(_KINDS)
 
 
 def _same_after_normalising(answer: str, kind: str, rng: random.Random) -> str:
@@ -255,22 +256,27 @@ def annotator_answers(answer: str, kind: str, rng: random.Random) -> tuple[str, 
     return tuple(answers)
 
 
-def vqa_questions(scenes: list[Scene], seed: int, per_image: int,
-                  first_question_id: int) -> list[VQAQuestion]:
-    """Up to per_image distinct questions per scene, ids consecutive from first_question_id.
+def vqa_questions(scenes: list[Scene], seed: int, per_image: int, first_question_id: int,
+                  kinds: Sequence[str] = ()) -> list[VQAQuestion]:
+    """Up to per_image distinct questions per scene, ids consecutive from first_question_id;
+    only of `kinds` (VQA_KINDS) when given, else of every kind.
 
     Balancing is over the whole list, so call it once per split.
     """
+    unknown = set(kinds) - set(_KINDS)
+    if unknown:
+        raise ValueError(f"unknown VQA question kinds {sorted(unknown)}; known: {VQA_KINDS}")
+    makers = {k: make for k, make in _KINDS.items() if not kinds or k in kinds}
     rng = random.Random(seed)
     answers_seen: Counter[tuple[str, str]] = Counter()  # (question type, answer) -> times chosen
     out: list[VQAQuestion] = []
     for scene in scenes:
-        candidates = {kind: make(scene, rng) for kind, make in _KINDS.items()}
+        candidates = {kind: make(scene, rng) for kind, make in makers.items()}
         asked: set[str] = set()
         for _ in range(per_image):
             # A weighted random order of kinds (Efraimidis-Spirakis keys); the first kind with
             # an unasked candidate wins.
-            order = sorted(_KINDS, key=lambda k: -rng.random() ** (1 / KIND_WEIGHTS[k]))
+            order = sorted(makers, key=lambda k: -rng.random() ** (1 / KIND_WEIGHTS[k]))
             for kind in order:
                 fresh = [c for c in candidates[kind] if c.question not in asked]
                 if not fresh:
