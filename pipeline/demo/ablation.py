@@ -69,15 +69,6 @@ class AblationConfig:
     parallel: int = 2
 
 
-def _world_config(cfg: AblationConfig):
-    from pipeline.world.generate import WorldConfig
-
-    return WorldConfig(images=cfg.world_images, seed=cfg.world_seed, min_objects=cfg.min_objects,
-                       max_objects=cfg.max_objects, shapes=cfg.shapes, colors=cfg.colors,
-                       materials=cfg.materials, vqa_kinds=cfg.vqa_kinds,
-                       vqa_per_image=cfg.vqa_per_image)
-
-
 def _pretrain_config(cfg: AblationConfig, corpus: Path, coco: Path):
     from pipeline.pretrain.config import load_config
 
@@ -154,7 +145,7 @@ def format_results(results: dict) -> str:
 def run_end_to_end(cfg: AblationConfig, out: Path) -> dict:
     """The ablation (module docstring) under `out`; returns results.json's dict."""
     from pipeline.demo.trainings import Steps, Trainings
-    from pipeline.demo.world_setup import Extraction, corpus, extract, generate
+    from pipeline.demo.world_setup import Extraction, corpus, extract, generate, world_config
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
@@ -162,7 +153,7 @@ def run_end_to_end(cfg: AblationConfig, out: Path) -> dict:
     (out / "ablation_config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     step = Steps(5)
     step(f"generate a {cfg.world_images}-image world of {len(cfg.materials)} materials")
-    world = generate(_world_config(cfg), out / "world")
+    world = generate(world_config(cfg), out / "world")
     step("extract its COCO images with the bundled detector, images and class scores kept")
     extraction = Extraction(engine="local", device="cpu", shard_size=64, class_probs=True,
                             keep_images=True)

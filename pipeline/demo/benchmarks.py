@@ -69,16 +69,6 @@ class BenchmarksConfig:
     parallel: int = 2
 
 
-def _world_config(cfg: BenchmarksConfig):
-    from pipeline.world.generate import WorldConfig
-
-    return WorldConfig(images=cfg.world_images, seed=cfg.world_seed, min_objects=cfg.min_objects,
-                       max_objects=cfg.max_objects, shapes=cfg.shapes, colors=cfg.colors,
-                       materials=cfg.materials, vcr_fraction=cfg.vcr_fraction,
-                       vcr_per_image=cfg.vcr_per_image, flickr30k_fraction=cfg.flickr30k_fraction,
-                       refs_per_image=cfg.refs_per_image)
-
-
 def _pretrain_config(cfg: BenchmarksConfig, corpus: Path, coco: Path):
     from pipeline.pretrain.config import load_config
 
@@ -189,7 +179,7 @@ def format_results(results: dict) -> str:
 def run_benchmarks(cfg: BenchmarksConfig, out: Path) -> dict:
     """The experiment (module docstring) under `out`; returns results.json's dict."""
     from pipeline.datasets.vcr import vcr_given_boxes
-    from pipeline.demo.world_setup import Extraction, corpus, extract, generate
+    from pipeline.demo.world_setup import Extraction, corpus, extract, generate, world_config
     from pipeline.evaluate.flickr30k import read_karpathy
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
@@ -198,7 +188,7 @@ def run_benchmarks(cfg: BenchmarksConfig, out: Path) -> dict:
     (out / "benchmarks_config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     step = Steps(6)
     step(f"generate a {cfg.world_images}-image world with VCR, RefCOCO+ and Flickr30K")
-    world = generate(_world_config(cfg), out / "world")
+    world = generate(world_config(cfg), out / "world")
     step("extract COCO, Flickr30K and VCR (its given boxes) images")
     extraction = Extraction(engine="local", device="cpu", shard_size=64)
     shards = {name: extract(world, name, out / "features" / name, extraction)

@@ -84,15 +84,6 @@ class DemoConfig:
     parallel: int = 2
 
 
-def _world_config(cfg: DemoConfig):
-    from pipeline.world.generate import WorldConfig
-
-    return WorldConfig(images=cfg.world_images, seed=cfg.world_seed, min_objects=cfg.min_objects,
-                       max_objects=cfg.max_objects, shapes=cfg.shapes, colors=cfg.colors,
-                       materials=cfg.materials, vqa_per_image=cfg.vqa_per_image,
-                       nlvr2_sentences_per_set=cfg.nlvr2_sentences_per_set)
-
-
 def _pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path):
     from pipeline.pretrain.config import load_config
 
@@ -225,7 +216,7 @@ EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_en
 def run_main(cfg: DemoConfig, out: Path) -> int:
     """The main demo (module docstring) under `out`."""
     from pipeline.common.assets import bundled_detector
-    from pipeline.demo.world_setup import Extraction, corpus, extract, generate
+    from pipeline.demo.world_setup import Extraction, corpus, extract, generate, world_config
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
@@ -234,7 +225,7 @@ def run_main(cfg: DemoConfig, out: Path) -> int:
     step = Steps(8)
 
     step(f"generate a {cfg.world_images}-image world (seed {cfg.world_seed})")
-    world = generate(_world_config(cfg), out / "world")
+    world = generate(world_config(cfg), out / "world")
     step("load the bundled world detector")
     print("detector: config %s, weights %s" % bundled_detector())
     step("extract COCO and NLVR2 images into shards")

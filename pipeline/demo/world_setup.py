@@ -51,6 +51,14 @@ class PreparedWorld:
     shards: dict[str, Path]
 
 
+def world_config(experiment) -> WorldConfig:
+    """The world of an experiment's config (a dataclass): its `world_images` and `world_seed`, and
+    each of its fields that WorldConfig has (min_objects, shapes, vqa_per_image, ...)."""
+    names = {f.name for f in dataclasses.fields(WorldConfig)}
+    same = {k: v for k, v in dataclasses.asdict(experiment).items() if k in names}
+    return WorldConfig(images=experiment.world_images, seed=experiment.world_seed, **same)
+
+
 def generate(config: WorldConfig, out: Path, *, progress: bool = True) -> Path:
     """The world of `config` in `out` (generated once; an interrupted generation starts again)."""
     if (out / "world.json").is_file():
