@@ -1,4 +1,5 @@
-"""`pipeline finetune`: VQA v2, GQA or NLVR2 fine-tuned from a checkpoint (or from scratch)."""
+"""`pipeline finetune`: VQA v2, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K retrieval fine-tuned from a
+checkpoint (or from scratch)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,21 @@ from pipeline.common.config import ConfigError
 from pipeline.finetune.examples import TASKS
 from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
 
-HELP = "fine-tune on VQA, GQA or NLVR2 from a checkpoint (or from scratch)"
+HELP = "fine-tune on VQA, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K from a checkpoint (or scratch)"
 DESCRIPTION = """\
-Fine-tune on VQA v2, GQA or NLVR2 from the released files, starting from a checkpoint (--from:
+Fine-tune on VQA v2, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K retrieval from the released files
+(data.root: see the README's folder layouts), starting from a checkpoint (--from:
 ours, e.g. RUN/checkpoints/step_N/model of `pipeline pretrain`; a Hugging Face directory; or an
 official LXMERT *_LXRT.pth) or from scratch. Defaults are LXMERT's: batch 32, 4 epochs, 10%
 warmup, lr 5e-5 (VQA, NLVR2) / 1e-5 (GQA), BCE on soft scores for VQA and GQA. From an LXMERT
 pretraining checkpoint with a QA head, `--set init_answers=CORPUS` (or all_ans.json) starts the
 answer head from the pretrained rows. The same trainer as pretraining: --workers N on Ray Train,
 --resume, metrics.jsonl, checkpoints/. The run directory also receives answers.json (VQA, GQA).
-VQA and GQA can train the detector end to end: `--set visual.trainable=true --set
-visual.weights=DETECTOR` (see `pipeline pretrain --help`).
+VCR, RefCOCO+ and Flickr30K take ViLBERT's recipes: 4-way multiple choice (Q->A and QA->R) for
+VCR, a score per region trained on its IoU with the referred box for RefCOCO+, 4-way multiple
+choice with a random caption, a random image and a hard negative for Flickr30K. VQA and GQA can
+train the detector end to end: `--set visual.trainable=true --set visual.weights=DETECTOR` (see
+`pipeline pretrain --help`).
 
 Examples:
   pipeline finetune vqa --from runs/lxmert/checkpoints/step_00002000/model --out runs/vqa \\
@@ -27,6 +32,8 @@ Examples:
       --set data.holdout=CORPUS --set data.shards=[feats/coco]
   pipeline finetune nlvr2 --from model_LXRT.pth --out runs/nlvr2 --set data.root=DATA/nlvr2 \\
       --set data.train=[train] --set data.val=dev --set data.shards=[feats/nlvr2]
+  pipeline finetune vcr --from CKPT --out runs/vcr --set data.root=DATA/vcr \\
+      --set data.train=[train] --set data.val=val --set data.shards=[feats/vcr]
 """
 
 
