@@ -45,8 +45,9 @@ class BenchmarksConfig:
     (VCR and Flickr30K scenes per COCO/VG scene), vcr_per_image questions, refs_per_image refs,
     minival_images held out of pretraining. pretrain_epochs: LXMERT pretraining passes, with
     matching on captions and region descriptions and masked words only from mlm_from_epoch on
-    (with the masked LM from the start matching stays at chance on this world, and zero-shot
-    retrieval with it: docs/results.md, "Matching and the masked LM");
+    (with the masked LM from the start, or from epoch 3 of 6, matching stays at chance on this
+    world, and zero-shot retrieval with it; from epoch 10 of 12 it reaches 0.62 on held-out
+    caption pairs: docs/results.md);
     vcr_epochs / refcoco_epochs / flickr30k_epochs: fine-tuning passes; batch_size, lr: every
     fine-tuning run's. threads: torch threads per run; parallel: runs at once."""
 
@@ -62,8 +63,8 @@ class BenchmarksConfig:
     flickr30k_fraction: float = 0.5
     refs_per_image: int = 3
     minival_images: int = 40
-    pretrain_epochs: int = 6
-    mlm_from_epoch: int = 3
+    pretrain_epochs: int = 12
+    mlm_from_epoch: int = 10
     vcr_epochs: int = 20
     refcoco_epochs: int = 20
     flickr30k_epochs: int = 20
