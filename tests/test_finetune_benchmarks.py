@@ -37,8 +37,8 @@ def world(tmp_path_factory):
                            ("vcr", ["--boxes", "given", "--given-boxes", str(boxes)])):
         assert main(["extract", "--dataset", dataset, "--root", str(root / "world" / dataset),
                      "--out", str(root / "feats" / dataset), "--config", str(config),
-                     "--weights", str(weights), "--engine", "local", "--set", "output.shard_size=16",
-                     *extra]) == 0
+                     "--weights", str(weights), "--engine", "local",
+                     "--set", "output.shard_size=16", *extra]) == 0
     return root
 
 
@@ -46,7 +46,8 @@ def _finetune(world, task: str, root: str, shards: str, val: str):
     run = world / "runs" / task
     sets = [*TINY, f"data.root={world / 'world' / root}", "data.train=[train]", f"data.val={val}",
             f"data.shards=[{world / 'feats' / shards}]"]
-    assert main(["finetune", task, "--out", str(run), *[a for s in sets for a in ("--set", s)]]) == 0
+    flags = [a for s in sets for a in ("--set", s)]
+    assert main(["finetune", task, "--out", str(run), *flags]) == 0
     return run
 
 
