@@ -62,10 +62,7 @@ def encode_texts(
         return_attention_mask=True,
         return_token_type_ids=True,
     )
-    return {
-        name: encoded[name].long()
-        for name in ("input_ids", "attention_mask", "token_type_ids")
-    }
+    return _as_long(encoded)
 
 
 def encode_text_pairs(
@@ -89,7 +86,11 @@ def encode_text_pairs(
         return_attention_mask=True,
         return_token_type_ids=True,
     )
-    return {
-        name: encoded[name].long()
-        for name in ("input_ids", "attention_mask", "token_type_ids")
-    }
+    return _as_long(encoded)
+
+
+def _as_long(encoded) -> dict[str, torch.Tensor]:
+    """The tokenizer's ids, mask and token types as long tensors."""
+    names = ("input_ids", "attention_mask", "token_type_ids")
+    return {name: encoded[name].long() for name in names}
+
