@@ -7,6 +7,7 @@
     detector/   training the detector                 corpus/     the corpus: build and read
     evaluate/   the benchmarks' official metrics      train/      the shared trainer (Job, loop)
     pretrain/   objectives, data, the pretraining Job  finetune/  tasks, data, Job, predict
+    analyze/    what a trained model's attention heads ground (Flickr30K Entities)
     demo/       the demo and the one world set-up     bench/      benchmarks
     cli.py      the table of verbs
 
@@ -22,6 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("extract", "detector", "corpus"),
     ("evaluate", "train"),
     ("pretrain", "finetune"),
+    ("analyze",),
     ("demo",),
     ("bench",),
     ("cli",),
