@@ -14,6 +14,10 @@ import sys
 from types import ModuleType
 
 from extractor.errors import WeightsError
+from pipeline.analyze import command as analyze
+from pipeline.analyze.entities import EntitiesError
+from pipeline.analyze.errors import AnalysisError
+from pipeline.analyze.parses import ParserUnavailable
 from model.errors import CheckpointError
 from pipeline.bench import command as bench
 from pipeline.common.arguments import formatter_for
@@ -52,6 +56,7 @@ VERBS: dict[str, ModuleType] = {
     "predict": predict,
     "evaluate": evaluate,
     "convert": convert,
+    "analyze": analyze,
     "demo": demo,
 }
 # Errors in what the user gave (a config, a dataset, a file): one line on stderr, exit status 2.
@@ -67,6 +72,9 @@ USER_ERRORS: dict[type[Exception], str] = {
     SchemaError: "shard error",
     CheckpointError: "checkpoint error",
     DivergenceError: "training error",
+    AnalysisError: "analysis error",
+    EntitiesError: "entities error",
+    ParserUnavailable: "parser error",
 }
 # A file the user named in a place this process may not write (or read), e.g. a read-only --out.
 DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -93,6 +101,8 @@ Typical use:
   pipeline predict vqa --run FT --subset val2014 --out P.json   submission file of a subset
   pipeline evaluate vqa --predictions P.json --annotations A.json --questions Q.json
                                                  official VQA v2 / GQA / NLVR2 metrics
+  pipeline analyze grounding --run RUN --shards FEATS --entities FLICKR30K_ENTITIES --out DIR
+                                                 which attention heads ground words in regions
 Run `pipeline VERB --help` for each verb's options.
 """
 

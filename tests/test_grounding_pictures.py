@@ -17,7 +17,7 @@ from pipeline.analyze.pictures import (
     draw_heatmap,
     draw_relations,
 )
-from pipeline.analyze.run import Example
+from pipeline.analyze.run import GroundingExample
 
 SIZE = (240, 180)  # width, height of the generated images
 TRUTH = (20.0, 20.0, 100.0, 90.0)
@@ -61,12 +61,12 @@ def make_report(layers: int = 3, heads: int = 3, relations: bool = True) -> dict
     return report
 
 
-def make_example(key: str, best_region: int, other_region: int) -> Example:
+def make_example(key: str, best_region: int, other_region: int) -> GroundingExample:
     """Regions 0 = the truth, 1 = elsewhere; the best head ("2"-2) chooses `best_region`, every
     other head `other_region`."""
     choices = np.full((3, 3), other_region, dtype=np.int64)
     choices[1, 1] = best_region
-    return Example(key, "a dog runs on the grass", Case(ENTITY, (0, 1), TRUTH, "a dog"),
+    return GroundingExample(key, "a dog runs on the grass", Case(ENTITY, (0, 1), TRUTH, "a dog"),
                    np.array([TRUTH, ELSEWHERE]), choices)
 
 

@@ -25,7 +25,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pipeline.analyze.grounding import ACTIVE_SHARE, IOU_THRESHOLD, box_ious
 
 if TYPE_CHECKING:  # run.py pulls in the model and the tokenizer; the pictures need neither
-    from pipeline.analyze.run import Example
+    from pipeline.analyze.run import GroundingExample
 
 HEATMAP_FILE = "heatmap.png"
 RELATIONS_FILE = "relations.png"
@@ -161,7 +161,7 @@ def best_entity_head(report: dict) -> tuple[int, int]:
     return list(report["layers"]).index(best["layer"]), int(best["head"]) - 1
 
 
-def draw_examples(examples: Sequence[Example], report: dict, image_loader: ImageLoader,
+def draw_examples(examples: Sequence[GroundingExample], report: dict, image_loader: ImageLoader,
                   directory: str | Path) -> list[Path]:
     """Write example_NN.png (module docstring; NN the example's place in `examples`, from 1) for
     each example whose image `image_loader(image_key)` finds (None: skipped), with the region
@@ -195,7 +195,7 @@ def draw_examples(examples: Sequence[Example], report: dict, image_loader: Image
     return written
 
 
-def draw_all(report: dict, examples: Sequence[Example], image_loader: ImageLoader,
+def draw_all(report: dict, examples: Sequence[GroundingExample], image_loader: ImageLoader,
              directory: str | Path) -> list[Path]:
     """heatmap.png, relations.png (when the report has relations) and the examples' pictures
     in `directory` (made if missing). Returns the paths written."""
