@@ -4,14 +4,9 @@ work, report.py and pictures.py write it)."""
 from __future__ import annotations
 
 import argparse
-import io
-import json
-import sys
 from pathlib import Path
 
 from pipeline.common.arguments import Actions
-
-MAX_SHOWN = 5  # malformed lines printed; all are counted in the report
 
 HELP = "analyse a trained model: which attention heads ground words in image regions"
 DESCRIPTION = """\
@@ -78,70 +73,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import dataclasses
+    from pipeline.analyze.analysis import GroundingInputs, analyze_grounding
 
-    from pipeline.analyze.cases import Skipped
-    from pipeline.analyze.entities import read_entities
-    from pipeline.analyze.errors import AnalysisError
-    from pipeline.analyze.model import load_analysed_model
-    from pipeline.analyze.parses import load_spacy, read_conllu
-    from pipeline.analyze.pictures import draw_all
-    from pipeline.analyze.report import grounding_report, summary
-    from pipeline.analyze.run import analyze, conllu_parser, spacy_parser
-    from pipeline.common.devices import pick_device
-    from pipeline.finetune.data import Features
-
-    model = load_analysed_model(Path(args.run), random_init=args.random_init, seed=args.seed)
-    overrides = {k: v for k, v in (("max_text_length", args.max_text_length),
-                                   ("max_boxes", args.max_boxes)) if v is not None}
-    model = dataclasses.replace(model, **overrides)
-    entities_root = Path(args.entities)
-    problems: list = []
-    data = read_entities(entities_root, args.split, problems)
-    skipped = Skipped()
-    parses_file = Path(args.parses) if args.parses else entities_root / "parses.conllu"
-    if args.spacy:
-        parser = spacy_parser(load_spacy(args.spacy), skipped)
-    elif args.parses or parses_file.is_file():
-        if not parses_file.is_file():
-            raise AnalysisError(f"--parses {parses_file}: no such file")
-        parser = conllu_parser(read_conllu(parses_file, problems), skipped)
-    else:
-        parser = None
-        print("no parses (--parses / --spacy): entity grounding only", file=sys.stderr)
-    for problem in problems[:MAX_SHOWN]:
-        print(f"skipped: {problem}", file=sys.stderr)
-    if len(problems) > MAX_SHOWN:
-        print(f"... and {len(problems) - MAX_SHOWN} more", file=sys.stderr)
-    if problems:
-        skipped.add("malformed caption lines or parses", len(problems))
-    features = Features.open(args.shards)
-    analysis = analyze(model, data, features, parser=parser, skipped=skipped,
-                       batch_size=args.batch_size, examples=args.examples,
-                       device=pick_device(args.device))
-    meta = {"run": str(args.run), "arch": model.arch, "random_init": model.random_init,
-            "split": args.split, "entities": str(entities_root),
-            "max_text_length": model.max_text_length, "max_boxes": model.max_boxes}
-    report = grounding_report(analysis, meta)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-    written = draw_all(report, analysis.examples, _image_loader(args.images, features), out)
-    print(summary(report))
-    print(f"wrote {out / 'report.json'} and {len(written)} pictures in {out}")
+    analyze_grounding(GroundingInputs(
+        run=Path(args.run), shards=list(args.shards), entities=Path(args.entities),
+        split=args.split, parses=Path(args.parses) if args.parses else None, spacy=args.spacy,
+        random_init=args.random_init, seed=args.seed,
+        images=Path(args.images) if args.images else None, examples=args.examples,
+        batch_size=args.batch_size, max_text_length=args.max_text_length,
+        max_boxes=args.max_boxes, device=args.device), Path(args.out))
     return 0
-
-
-def _image_loader(images: str | None, features):
-    """image key -> PIL image: DIR/IMAGEID.jpg with --images, else the shards' kept image."""
-    from PIL import Image
-
-    def load(key: str):
-        sample = features[key]
-        if images:
-            path = Path(images) / f"{sample.meta['image_id']}.jpg"
-            return Image.open(path).convert("RGB") if path.is_file() else None
-        if sample.image_bytes is None:
-            return None
-        return Image.open(io.BytesIO(sample.image_bytes)).convert("RGB")
-    return load

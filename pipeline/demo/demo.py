@@ -36,10 +36,12 @@ DESCRIPTION = (
     "the held-out splits with the official metrics; prints the table, writes OUT/results.json "
     "and OUT/pictures/. About 8-11 minutes on 2 CPU cores, two training runs at a time; a second "
     "run reuses what the first finished. Sizes and world: --set world_images=..., --set "
-    "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/demo.py). Two more "
+    "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/demo.py). Three more "
     "experiments: `pipeline demo benchmarks` (VCR, RefCOCO+, Flickr30K retrieval fine-tuned and "
-    "zero-shot, against their baselines) and `pipeline demo end-to-end` (VL-BERT's detector "
-    "trained with the transformer or frozen, on questions about material)."
+    "zero-shot, against their baselines), `pipeline demo end-to-end` (VL-BERT's detector "
+    "trained with the transformer or frozen, on questions about material) and `pipeline demo "
+    "grounding` (which attention heads of a pretrained VisualBERT ground the captions' entities "
+    "in the image)."
 )
 # Every model of the demo: configs/pretrain/lxmert_tiny (LXMERT at hidden 64, no dropout) with
 # DemoConfig.cross_layers cross-modality layers.
@@ -178,10 +180,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="main (default): VQA and NLVR2, pretrained / scratch / language-only; benchmarks: "
         "VCR, RefCOCO+, Flickr30K retrieval (fine-tuned and zero-shot) against their baselines "
         "(pipeline/demo/benchmarks.py); end-to-end: VL-BERT's frozen vs end-to-end detector "
-        "ablation on material questions (pipeline/demo/ablation.py)",
+        "ablation on material questions (pipeline/demo/ablation.py); grounding: which attention "
+        "heads of a pretrained VisualBERT ground entities, against an untrained one "
+        "(pipeline/demo/grounding.py)",
     )
-    parser.add_argument("--out", help="output directory (default: demo_out, demo_benchmarks "
-                        "or demo_end_to_end)")
+    parser.add_argument("--out", help="output directory (default: demo_out, or demo_ and the "
+                        "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding)")
     add_config_args(parser)
 
 
@@ -202,6 +206,12 @@ def _benchmarks():
     return BenchmarksConfig, run_benchmarks
 
 
+def _grounding():
+    from pipeline.demo.grounding import GroundingConfig, run_grounding
+
+    return GroundingConfig, run_grounding
+
+
 def _end_to_end():
     from pipeline.demo.ablation import AblationConfig, run_end_to_end
 
@@ -210,7 +220,8 @@ def _end_to_end():
 
 # The experiments besides the main demo: name -> () -> (config class, run(config, out)), imported
 # when chosen (the verb's module stays light).
-EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_end}
+EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_end,
+               "grounding": _grounding}
 
 
 def run_main(cfg: DemoConfig, out: Path) -> int:
