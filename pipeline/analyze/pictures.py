@@ -236,7 +236,7 @@ def _with_caption(image: Image.Image, lines: list[str]) -> Image.Image:
     measure = ImageDraw.Draw(image)
     line_h = round(font.size * 1.3)
     pad = max(2, font.size // 3)
-    rows = [row for line in lines for row in _wrap(measure, line, font, image.width - 2 * pad)]
+    rows = [row for line in lines for row in wrap_text(measure, line, font, image.width - 2 * pad)]
     canvas = Image.new("RGB", (image.width, image.height + 2 * pad + line_h * len(rows)),
                        (255, 255, 255))
     canvas.paste(image, (0, 0))
@@ -246,8 +246,9 @@ def _with_caption(image: Image.Image, lines: list[str]) -> Image.Image:
     return canvas
 
 
-def _wrap(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> list[str]:
-    """`text` in lines no wider than `width` pixels, broken at spaces."""
+def wrap_text(draw: ImageDraw.ImageDraw, text: str, font, width: int) -> list[str]:
+    """`text` in lines no wider than `width` pixels, broken at spaces (a longer word stands alone
+    and is cut off at the edge)."""
     rows: list[str] = []
     for word in text.split():
         if rows and draw.textlength(f"{rows[-1]} {word}", font=font) <= width:

@@ -24,6 +24,7 @@ from extractor.config import PreprocessConfig
 from extractor.preprocess import ImageError, decode_image
 from model.lxmert import LxmertModel
 from model.tasks import joint_outputs
+from pipeline.analyze.pictures import wrap_text
 from pipeline.extract.show import (
     RGB,
     ShowConfig,
@@ -195,7 +196,7 @@ def _with_caption(image: Image.Image, lines: list[str],
     measure = ImageDraw.Draw(image)
     line_h = round(font.size * 1.3)
     pad = max(2, font.size // 3)
-    rows = [row for line in lines for row in _wrap(measure, line, font, width - 2 * pad)]
+    rows = [row for line in lines for row in wrap_text(measure, line, font, width - 2 * pad)]
     bar_w = width // 4
     canvas = Image.new("RGB", (width, image.height + pad * 2 + line_h * (len(rows) + len(bars))),
                        (255, 255, 255))
@@ -212,16 +213,3 @@ def _with_caption(image: Image.Image, lines: list[str],
         draw.text((2 * pad + bar_w, y), text, fill=(0, 0, 0), font=font)
         y += line_h
     return canvas
-
-
-def _wrap(draw: ImageDraw.ImageDraw, text: str, font: ImageFont.FreeTypeFont,
-          width: int) -> list[str]:
-    """`text` in lines no wider than `width` pixels, broken at spaces (a longer word stands alone
-    and is cut off at the edge)."""
-    rows: list[str] = []
-    for word in text.split():
-        if rows and draw.textlength(f"{rows[-1]} {word}", font=font) <= width:
-            rows[-1] = f"{rows[-1]} {word}"
-        else:
-            rows.append(word)
-    return rows or [""]
