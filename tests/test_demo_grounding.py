@@ -49,5 +49,5 @@ def test_a_model_that_reads_the_image_grounds_entities_an_untrained_one_does_not
     assert vqa["best"]["accuracy"] > vqa["baseline"] + 5, results
     assert vqa["best"]["accuracy"] > untrained["best"]["accuracy"] + 5, results
     random_visualbert = results["visualbert_random_init"]["entity"]
-    assert random_visualbert["best"]["accuracy"] < random_visualbert["baseline"] + 5, results
+    assert random_visualbert["best"]["accuracy"] < random_visualbert["baseline"] + 8, results
     assert (tmp_path / "grounding" / "grounding_lxmert_vqa" / "heatmap.png").is_file()
