@@ -19,14 +19,12 @@ Every step keeps its output under --out and is skipped (or resumed) when run aga
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.common.assets import CONFIGS
 from pipeline.common.arguments import add_config_args
 from pipeline.common.config import resolve, to_dict
+from pipeline.demo.recipe import VARIANTS, DemoConfig, finetune_config, pretrain_config
 from pipeline.demo.trainings import Steps, Trainings
 
 HELP = "the whole pipeline learning on a laptop: world -> features -> LXMERT -> VQA, NLVR2, ..."
@@ -43,87 +41,6 @@ DESCRIPTION = (
     "grounding` (which attention heads of a pretrained VisualBERT ground the captions' entities "
     "in the image)."
 )
-# Every model of the demo: configs/pretrain/lxmert_tiny (LXMERT at hidden 64, no dropout) with
-# DemoConfig.cross_layers cross-modality layers.
-PRETRAIN_CONFIG = CONFIGS / "pretrain" / "lxmert_tiny.yaml"
-VARIANTS = ("pretrained", "scratch", "language_only")
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """The world: world_images / world_seed (the bundled detector was trained on seed 0's default
-    world); min_objects / max_objects per scene and the palette (shapes, colors, materials): a
-    small world, so the hidden-64 model learns it in the demo's minutes (one material, because
-    the bundled detector does not see material: docs/results.md, "Where learning stands"); vqa_per_image:
-    VQA questions asked per image; nlvr2_sentences_per_set: NLVR2 statements written for each set
-    of four image pairs. minival_images: COCO val images held out from pretraining and
-    fine-tuning, on which VQA is scored. engine: the extraction engine (ray or local).
-    pretrain_epochs / vqa_epochs / nlvr2_epochs: passes over the data; batch_size: fine-tuning
-    examples per step. cross_layers: the small LXMERT's cross-modality layers (its language and
-    object encoders have 2 and 1); a second one answered relation and shape questions sooner.
-    threads: torch threads per training run (0: all cores); one, because these
-    hidden-64 models are too small to share a step between cores (VQA fine-tuning ran at 3.9-4.5
-    steps/s with two threads and 7.6-8.3 with one). parallel: training runs at once, each in its
-    own process (output in its run directory's train.log), so both cores work."""
-
-    world_images: int = 600
-    world_seed: int = 7
-    min_objects: int = 1
-    max_objects: int = 3
-    shapes: tuple[str, ...] = ("ball", "box", "triangle", "star")
-    colors: tuple[str, ...] = ("red", "blue", "green", "yellow", "white")
-    materials: tuple[str, ...] = ("plastic",)
-    vqa_per_image: int = 30
-    nlvr2_sentences_per_set: int = 8
-    minival_images: int = 40
-    engine: str = "ray"
-    pretrain_epochs: int = 4
-    vqa_epochs: int = 16
-    nlvr2_epochs: int = 32
-    batch_size: int = 32
-    cross_layers: int = 2
-    threads: int = 1
-    parallel: int = 2
-
-
-def _pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path):
-    from pipeline.pretrain.config import load_config
-
-    return load_config(PRETRAIN_CONFIG, [
-        f"data.corpus={corpus}", f"data.shards=[{coco}]", "data.train_splits=[train,nominival]",
-        f"model.cross_layers={cfg.cross_layers}",
-        "run.workers=0", f"run.epochs={cfg.pretrain_epochs}", "run.log_every=10",
-        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200",
-    ])
-
-
-def _finetune_config(task: str, cfg: DemoConfig, variant: str, pretrain_config, pretrain_run: Path,
-                     world: Path, corpus: Path, shards: Path):
-    from pipeline.finetune.config import load_config
-    from pipeline.train.checkpoint import latest_checkpoint
-
-    if task == "vqa":
-        data = [f"data.root={world / 'vqa'}", "data.train=[train2014]", "data.val=val2014",
-                f"data.holdout={corpus}", "data.min_answer_count=1"]
-    else:
-        data = [f"data.root={world / 'nlvr2'}", "data.train=[train]", "data.val=dev"]
-    sets = data + [
-        f"data.shards=[{shards}]", f"data.batch_size={cfg.batch_size}", "run.workers=0",
-        f"run.epochs={cfg.vqa_epochs if task == 'vqa' else cfg.nlvr2_epochs}", "run.log_every=10",
-        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200", "optim.lr=1e-3",
-    ]
-    if variant != "scratch":
-        sets.append(f"init={latest_checkpoint(pretrain_run) / 'model'}")
-        if task == "vqa":
-            sets.append(f"init_answers={corpus}")
-    if variant == "language_only":
-        sets.append("data.language_only=true")
-    config = load_config(task, None, sets)
-    if variant == "scratch":
-        config = dataclasses.replace(config, model=pretrain_config.model)
-    return config
-
-
 def _score(task: str, run: Path, world: Path, corpus: Path) -> dict:
     """The official metrics of a run's predictions on the held-out split (in %)."""
     from pipeline.evaluate.nlvr2 import evaluate_nlvr2
@@ -245,21 +162,21 @@ def run_main(cfg: DemoConfig, out: Path) -> int:
     nlvr2 = extract(world, "nlvr2", out / "features" / "nlvr2", extraction, verify=True)
     step("build the pretraining corpus")
     corpus_dir = corpus(world, out / "corpus", minival_images=cfg.minival_images)
-    pretrain_config = _pretrain_config(cfg, corpus_dir, coco)
+    lxmert = pretrain_config(cfg, corpus_dir, coco)
     pretrain_run = out / "runs" / "pretrain"
     runs = {(task, variant): out / "runs" / f"{task}_{variant}"
             for task in ("vqa", "nlvr2") for variant in VARIANTS}
     shards = {"vqa": coco, "nlvr2": nlvr2}
 
     def finetune(task: str, variant: str) -> None:
-        config = _finetune_config(task, cfg, variant, pretrain_config, pretrain_run, world,
-                                  corpus_dir, shards[task])
+        config = finetune_config(task, cfg, variant, lxmert, pretrain_run, world, corpus_dir,
+                                 shards[task])
         trainings.submit(f"{task} {variant}", finetune_job, config, runs[task, variant])
 
     with Trainings(cfg.parallel) as trainings:
         # The from-scratch runs need no pretrained model: they train beside the pretraining.
         step("pretrain a small LXMERT; meanwhile fine-tune VQA and NLVR2 from scratch")
-        trainings.submit("pretrain", pretrain_job, pretrain_config, pretrain_run)
+        trainings.submit("pretrain", pretrain_job, lxmert, pretrain_run)
         for task in ("vqa", "nlvr2"):
             finetune(task, "scratch")
         trainings.wait("pretrain")

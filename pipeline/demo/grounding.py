@@ -40,7 +40,7 @@ MODELS = {
 
 @dataclass(frozen=True)
 class GroundingConfig:
-    """The world: the main demo's (pipeline/demo/demo.py DemoConfig: world_images, world_seed,
+    """The world: the main demo's (pipeline/demo/recipe.py DemoConfig: world_images, world_seed,
     objects per scene, palette, VQA questions), with flickr30k_fraction Flickr30K scenes per
     COCO/VG scene. VisualBERT: hidden_size, num_layers x num_heads, pretrained visualbert_epochs
     passes over the COCO captions at visualbert_lr. LXMERT: the main demo's, pretrained and
@@ -82,7 +82,7 @@ def _pretrain_config(cfg: GroundingConfig, corpus: Path, coco: Path):
 
 def _demo_config(cfg: GroundingConfig):
     """The main demo's config on this world (its LXMERT recipe)."""
-    from pipeline.demo.demo import DemoConfig
+    from pipeline.demo.recipe import DemoConfig
 
     names = {f.name for f in dataclasses.fields(DemoConfig)}
     return DemoConfig(**{k: v for k, v in to_dict(cfg).items() if k in names and k != "threads"
@@ -110,7 +110,7 @@ def format_results(results: dict) -> str:
 def run_grounding(cfg: GroundingConfig, out: Path) -> dict:
     """The experiment (module docstring) under `out`; returns results.json's dict."""
     from pipeline.analyze.analysis import GroundingInputs, analyze_grounding
-    from pipeline.demo.demo import _finetune_config, _pretrain_config as lxmert_config
+    from pipeline.demo.recipe import finetune_config, pretrain_config as lxmert_config
     from pipeline.demo.world_setup import Extraction, corpus, extract, generate, world_config
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
@@ -136,7 +136,7 @@ def run_grounding(cfg: GroundingConfig, out: Path) -> dict:
         trainings.submit("lxmert", pretrain_job, lxmert, runs["lxmert"])
         trainings.wait("lxmert")
         step("fine-tune the LXMERT on VQA")
-        trainings.submit("lxmert vqa", finetune_job, _finetune_config(
+        trainings.submit("lxmert vqa", finetune_job, finetune_config(
             "vqa", demo, "pretrained", lxmert, runs["lxmert"], world, corpus_dir, coco),
             runs["lxmert_vqa"])
         trainings.wait()
