@@ -23,7 +23,8 @@ class DemoConfig:
     the bundled detector does not see material: docs/results.md, "Where learning stands");
     vqa_per_image: VQA questions asked per image; nlvr2_sentences_per_set: NLVR2 statements
     written for each set of four image pairs. minival_images: COCO val images held out from
-    pretraining and fine-tuning, on which VQA is scored. engine: the extraction engine (ray or local).
+    pretraining and fine-tuning, on which VQA is scored. engine: the extraction engine (ray or
+    local).
     pretrain_epochs / vqa_epochs / nlvr2_epochs: passes over the data; batch_size: fine-tuning
     examples per step. cross_layers: the small LXMERT's cross-modality layers (its language and
     object encoders have 2 and 1); a second one answered relation and shape questions sooner.
