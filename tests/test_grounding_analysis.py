@@ -212,3 +212,28 @@ def test_what_cannot_be_analysed_is_refused_naming_the_file(pretrain_world, flic
     # spaCy is not installed here: one line that says how to install it
     assert main([*base, "--shards", str(flickr_shards), "--spacy", "en_core_web_sm"]) == 2
     assert "pip install spacy" in capsys.readouterr().err
+
+
+def test_a_malformed_caption_or_parse_is_reported_and_skipped_not_fatal(pretrain_world,
+                                                                       flickr_shards, tmp_path,
+                                                                       capsys):
+    import shutil
+
+    entities = tmp_path / "entities"
+    shutil.copytree(pretrain_world.world / "flickr30k_entities", entities)
+    first = (entities / f"{SPLIT}.txt").read_text().split()[0]
+    sentences = entities / "Sentences" / f"{first}.txt"
+    lines = sentences.read_text().splitlines()
+    sentences.write_text("\n".join(["[/EN#1/other an unclosed phrase ."] + lines[1:]) + "\n")
+    parses = entities / "parses.conllu"
+    text = parses.read_text()
+    parses.write_text(text.replace("\t", " ", 1))  # the first block's first row: one column
+    run = tiny_checkpoint("visualbert", tmp_path / "visualbert")
+    world = tmp_path / "world"
+    world.mkdir()
+    (world / "flickr30k_entities").symlink_to(entities)
+    report = analyze(run, world, flickr_shards, tmp_path / "out", "--examples", "0")
+    assert report["skipped"]["malformed caption lines or parses"] == 2
+    err = capsys.readouterr().err
+    assert f"Sentences/{first}.txt:1" in err and "parses.conllu" in err
+    assert report["entity"]["count"] > 10
