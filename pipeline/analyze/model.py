@@ -21,10 +21,8 @@ from torch import nn
 from model.archs import ARCHS
 from model.checkpoints.formats import load_checkpoint
 from pipeline.analyze.errors import AnalysisError
+from pipeline.finetune.zero_shot import DEFAULT_BOXES, DEFAULT_TEXT_LENGTH
 from pipeline.train.checkpoint import latest_checkpoint
-
-# A run's batching when its config.yaml does not say (pipeline/pretrain/config.py's defaults).
-DEFAULT_TEXT_LENGTH, DEFAULT_BOXES = 20, 36
 
 
 @dataclass(frozen=True)

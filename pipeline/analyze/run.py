@@ -25,8 +25,8 @@ from pipeline.analyze.errors import AnalysisError
 from pipeline.analyze.model import AnalysedModel
 from pipeline.analyze.parses import Parse, WordParser, align, run_parser
 from pipeline.common.text import load_tokenizer
+from pipeline.finetune.retrieval import image_key
 from shards.batch import collate_regions
-from shards.schema import make_key
 
 Parser = Callable[[EntitySentence], "Parse | None"]
 
@@ -50,11 +50,6 @@ class Analysis:
     examples: list[GroundingExample]
     captions: int
     images: int
-
-
-def image_key(image_id: str) -> str:
-    """A Flickr30K image's shard key (as `pipeline extract --dataset flickr30k` names it)."""
-    return make_key("flickr30k", image_id)
 
 
 def conllu_parser(parses: dict[str, Parse], skipped: Skipped) -> Parser:
@@ -91,17 +86,18 @@ def analyze(model: AnalysedModel, data: Sequence[tuple[ImageEntities, Sequence[E
     are in `features` (pipeline/finetune/data.py Features)."""
     rows = []
     for entities, sentences in data:
-        key = image_key(entities.image_id)
+        key = image_key(f"{entities.image_id}.jpg")
         if key not in features:
             skipped.add("captions whose image is not in the shards", len(sentences))
             continue
         rows += [(key, entities, s) for s in sentences]
     if not rows:
+        first = image_key(f"{data[0][0].image_id}.jpg") if data else "-"
         raise AnalysisError(f"none of the {len(data)} images of the split is in the shards "
-                            f"(first wants {image_key(data[0][0].image_id) if data else '-'})")
+                            f"(first wants {first})")
     tokenizer = load_tokenizer(model.tokenizer or None)
     encoder = model.encoder.to(device)
-    tally, kept_examples = None, []
+    tally, kept_examples, seen = None, [], set()
     with torch.no_grad(), tqdm(total=len(rows), desc="analyze", unit="caption") as bar:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
@@ -120,13 +116,13 @@ def analyze(model: AnalysedModel, data: Sequence[tuple[ImageEntities, Sequence[E
                                       maps.shape[4], skipped)
             choices = score_batch(tally, maps, found)
             for b, (key, _, sentence) in enumerate(batch):
-                for c, case in enumerate(kept[b]):
-                    if case.group == ENTITY and len(kept_examples) < examples \
-                            and key not in {e.image_key for e in kept_examples}:
-                        kept_examples.append(GroundingExample(
-                            key, " ".join(sentence.words), case,
-                            samples[b].arrays["boxes"][:model.max_boxes].copy(),
-                            choices[b, c].numpy()))
+                entity = next((c for c, case in enumerate(kept[b]) if case.group == ENTITY), None)
+                if len(kept_examples) < examples and key not in seen and entity is not None:
+                    seen.add(key)
+                    kept_examples.append(GroundingExample(
+                        key, " ".join(sentence.words), kept[b][entity],
+                        samples[b].arrays["boxes"][:model.max_boxes].copy(),
+                        choices[b, entity].numpy()))
             bar.update(len(batch))
     return Analysis(tally, skipped, kept_examples, len(rows), len({key for key, _, _ in rows}))
 
