@@ -115,10 +115,11 @@ def material_questions(questions: Path) -> set[int]:
 def keep_material_questions(vqa: Path, out: Path) -> Path:
     """The VQA files of `vqa` (train2014 and val2014, the world's layout) with only the questions
     that ask for material, written under `out` (returned)."""
+    from pipeline.world.formats.vqa import annotations_file_name, questions_file_name
+
     out.mkdir(parents=True, exist_ok=True)
     for subset in ("train2014", "val2014"):
-        names = (f"v2_OpenEnded_mscoco_{subset}_questions.json",
-                 f"v2_mscoco_{subset}_annotations.json")
+        names = (questions_file_name(subset), annotations_file_name(subset))
         kept = material_questions(vqa / names[0])
         for name, entries in zip(names, ("questions", "annotations")):
             data = json.loads((vqa / name).read_text())
@@ -133,12 +134,13 @@ def score(run: Path, vqa: Path, corpus: Path) -> dict:
     from pipeline.evaluate.vqa import evaluate_vqa
     from pipeline.finetune.data import holdout_images
     from pipeline.finetune.predict import predict_subset, write_submission
+    from pipeline.world.formats.vqa import annotations_file_name, questions_file_name
 
     path = run / "minival_predictions.json"
     write_submission("vqa", predict_subset("vqa", run, "val2014", holdout=str(corpus)), path)
     images = {int(k.removeprefix("coco-")) for k in holdout_images(corpus)}
-    result = evaluate_vqa(path, vqa / "v2_mscoco_val2014_annotations.json",
-                          vqa / "v2_OpenEnded_mscoco_val2014_questions.json", images)
+    result = evaluate_vqa(path, vqa / annotations_file_name("val2014"),
+                          vqa / questions_file_name("val2014"), images)
     return {"accuracy": result.overall, "questions": result.questions}
 
 
