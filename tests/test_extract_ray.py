@@ -165,6 +165,7 @@ def test_ray_run_equals_local_run_and_records_bad_images(images, reference, tmp_
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # about two minutes on two cores: three Ray starts, the actor started three times
 def test_killed_actor_and_killed_driver_resume_to_the_same_samples(
     images, reference, tmp_path, capsys
 ):

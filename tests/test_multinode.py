@@ -16,7 +16,8 @@ after 3 missed health checks 1 s apart (Ray's defaults: 5, 3 s apart), so runs r
 The Ray processes get a fresh HOME (without ~/.ray/auth_token: no token auth) and a temp dir per
 host, and each namespace has its own ports: other Rays on this machine, and tests running in
 parallel, are not touched, and `ray stop` is never run. Needs root and `ip netns`, else skipped.
-About 4.5 minutes on two cores, most of it Ray starting workers (torch imports) for each run.
+About 7.5 minutes on two cores, most of it Ray starting workers (torch imports) for each run:
+opt-in (`-m cluster`), as CI's 15 minutes for the whole suite cannot hold it.
 """
 
 from __future__ import annotations

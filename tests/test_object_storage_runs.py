@@ -136,6 +136,7 @@ def test_pretraining_from_s3_shards_into_an_s3_run_resumes_its_losses(
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # about a minute on two cores, most of it Ray starting
 def test_ray_workers_read_images_from_s3_and_the_driver_writes_shards_there(bucket):
     """The Ray engine: decode tasks fetch the images from the store themselves (nothing passes
     through a shared disk); the driver uploads the shards."""

@@ -19,7 +19,8 @@ import pytest
 from pipeline.common.assets import SAMPLE_IMAGES, bundled_detector
 from shards.verify import verify_shards
 
-pytestmark = pytest.mark.ray
+# About two minutes on two cores (the dashboard, the job's driver and its actors start): opt-in.
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 BIN = Path(sys.executable).parent
 
 
