@@ -25,9 +25,10 @@ from pipeline.extract.ray_engine import RayLayout, plan_layout
 from shards.verify import verify_shards
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=32",
-        "--set", "preprocess.min_size=96", "--set", "preprocess.max_size=160",
-        "--set", "output.shard_size=4", "--device", "cpu", "--batch-size", "2", "--random-weights"]
+TINY = ["--set", "detector.depth=18", "--set", "detector.width=16",
+        "--set", "detector.rpn_hidden=32", "--set", "preprocess.min_size=96",
+        "--set", "preprocess.max_size=160", "--set", "output.shard_size=4",
+        "--device", "cpu", "--batch-size", "2", "--random-weights"]
 NUM_SHARDS = 5
 TIMEOUT = 300
 AGENTS = ("DashboardAgent", "RuntimeEnvAgent", "dashboard/agent.py", "runtime_env/agent/main.py")
