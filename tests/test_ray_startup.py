@@ -3,8 +3,8 @@ the config the run saves, missing inputs and a schedule without a training step 
 Ray starts, a failed Ray start as one line, and a real Ray run from the data's folder that says
 what it starts and shows the workers' output without Ray's own logs.
 
-Only the last test starts Ray (about a minute on two loaded cores); the others make sure Ray is
-never started.
+Only the last test starts Ray (about two minutes on two cores, most of it Ray Train starting its
+controller, helpers and worker: opt-in, `-m ray`); the others make sure Ray is never started.
 """
 
 import subprocess
@@ -107,6 +107,7 @@ def test_a_failed_ray_start_is_one_line_with_a_hint(pretrain_world, tmp_path, mo
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_a_ray_run_from_the_data_folder_says_what_it_starts_and_nothing_of_ray(
     pretrain_world, tmp_path
 ):
