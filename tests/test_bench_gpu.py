@@ -3,7 +3,7 @@ GPU can run it unchanged first thing."""
 
 import json
 
-from pipeline.bench.gpu import main
+from pipeline.bench.gpu import gpu_test_files, main
 
 
 def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
@@ -22,3 +22,12 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert "## Extraction" in text and "| local | 2 | fp32 |" in text and "samples/s" in text
     assert "python -m pipeline.bench.gpu --quick" in text
     assert "## End-to-end training" in text and "trunk weights changed" in text
+
+
+def test_the_gpu_tests_are_collected_from_their_own_files_only():
+    """On the GPU machine's own Python, collecting a file that imports webdataset failed the whole
+    `pytest -m gpu` (8 collection errors, 2026-11-28): the suite names the files with GPU tests."""
+    files = gpu_test_files()
+    assert {"tests/test_extractor_gpu.py", "tests/test_dispatch_counts.py"} <= set(files)
+    assert "tests/test_shards_writer_reader.py" not in files  # imports webdataset
+    assert all(f.startswith("tests/test_") and f.endswith(".py") for f in files)
