@@ -121,8 +121,9 @@ def write_report(report: dict, out: Path) -> str:
         "## End-to-end training: VL-BERT with the detector's trunk trained (visual.trainable)", "",
         end_to_end.format_report(report["end_to_end"]), "",
     ]
-    (out / "gpu_suite.md").write_text("\n".join(lines))
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    (out / "gpu_suite.md").write_text(text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:

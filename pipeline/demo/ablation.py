@@ -32,6 +32,7 @@ from pathlib import Path
 
 from pipeline.common.assets import CONFIGS
 from pipeline.common.config import to_dict
+from pipeline.world.formats.vqa import annotations_file_name, questions_file_name
 
 PRETRAIN_CONFIG = CONFIGS / "pretrain" / "vlbert_tiny.yaml"
 ARMS = ("frozen", "end_to_end")
@@ -115,8 +116,6 @@ def material_questions(questions: Path) -> set[int]:
 def keep_material_questions(vqa: Path, out: Path) -> Path:
     """The VQA files of `vqa` (train2014 and val2014, the world's layout) with only the questions
     that ask for material, written under `out` (returned)."""
-    from pipeline.world.formats.vqa import annotations_file_name, questions_file_name
-
     out.mkdir(parents=True, exist_ok=True)
     for subset in ("train2014", "val2014"):
         names = (questions_file_name(subset), annotations_file_name(subset))
@@ -134,7 +133,6 @@ def score(run: Path, vqa: Path, corpus: Path) -> dict:
     from pipeline.evaluate.vqa import evaluate_vqa
     from pipeline.finetune.data import holdout_images
     from pipeline.finetune.predict import predict_subset, write_submission
-    from pipeline.world.formats.vqa import annotations_file_name, questions_file_name
 
     path = run / "minival_predictions.json"
     write_submission("vqa", predict_subset("vqa", run, "val2014", holdout=str(corpus)), path)
