@@ -53,6 +53,7 @@ class ConvNorm(nn.Conv2d):
         super().__init__(in_ch, out_ch, kernel, stride, padding, dilation, bias=False)
         self.norm = FrozenBatchNorm2d(out_ch)
         self.folded: tuple[torch.Tensor, torch.Tensor, tuple] | None = None
+        self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _sources(self) -> tuple:
         """What the folded copy depends on: each tensor's storage and version."""
@@ -62,6 +63,7 @@ class ConvNorm(nn.Conv2d):
     @torch.no_grad()
     def fold_norm(self) -> None:
         """Fold the frozen BN into the weight (other norms are left as they are)."""
+        self._cast = {}
         if not isinstance(self.norm, FrozenBatchNorm2d):
             self.folded = None
             return
@@ -73,15 +75,83 @@ class ConvNorm(nn.Conv2d):
     def unfold_norm(self) -> None:
         """Drop the folded copy: conv then norm again, also without gradients."""
         self.folded = None
+        self._cast = {}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def folded_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The folded (weight, bias) in `dtype` (cast once and kept), refolded where stale; None
+        where no norm is folded or a gradient is recorded (then conv and norm run as they are)."""
         if self.folded is None or torch.is_grad_enabled():
-            return self.norm(super().forward(x))
+            return None
         if self.folded[2] != self._sources():
             self.fold_norm()
             if self.folded is None:
-                return self.norm(super().forward(x))
-        return self._conv_forward(x, self.folded[0], self.folded[1])
+                return None
+        if dtype not in self._cast:
+            self._cast[dtype] = (self.folded[0].to(dtype), self.folded[1].to(dtype))
+        return self._cast[dtype]
+
+    def conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+        """This conv's geometry applied with the given weight and bias."""
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        folded = self.folded_weights(compute_dtype(x))
+        if folded is None:
+            return self.norm(super().forward(x))
+        return self.conv(x, *folded)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a conv of `x` computes in: autocast's where it is on, else x's."""
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
+def _cudnn(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.backends.cudnn.is_available() and torch.backends.cudnn.enabled
+
+
+def conv_relu(conv: ConvNorm, x: torch.Tensor) -> torch.Tensor:
+    """relu(norm(conv(x))). With the norm folded and no gradient recorded, on a GPU one cuDNN
+    kernel does conv, bias and ReLU (otherwise each is a pass over the output)."""
+    dtype = compute_dtype(x)
+    folded = conv.folded_weights(dtype)
+    if folded is None:
+        return F.relu_(conv(x))
+    weight, bias = folded
+    x = x.to(dtype)
+    if _cudnn(x):
+        return torch.cudnn_convolution_relu(
+            x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups
+        )
+    return F.relu_(conv.conv(x, weight, bias))
+
+
+def conv_add_relu(
+    conv: ConvNorm, y: torch.Tensor, x: torch.Tensor, shortcut: ConvNorm | None
+) -> torch.Tensor:
+    """A residual block's end: relu(norm(conv(y)) + identity), the identity being x or
+    norm(shortcut(x)). Folded and without gradients, the shortcut's bias joins conv's, and on a
+    GPU one cuDNN kernel does conv, bias, the addition and ReLU."""
+    dtype = compute_dtype(y)
+    folded = conv.folded_weights(dtype)
+    short = None if shortcut is None else shortcut.folded_weights(dtype)
+    if folded is None or (shortcut is not None and short is None):
+        identity = x if shortcut is None else shortcut(x)
+        return F.relu_(conv(y).add_(identity))
+    weight, bias = folded
+    y, x = y.to(dtype), x.to(dtype)
+    if shortcut is None:
+        identity = x
+    else:
+        identity = shortcut.conv(x, short[0], None)
+        bias = bias + short[1]
+    if _cudnn(y):
+        return torch.cudnn_convolution_add_relu(
+            y, weight, identity, 1.0, bias, conv.stride, conv.padding, conv.dilation, conv.groups
+        )
+    return F.relu_(conv.conv(y, weight, bias).add_(identity))
 
 
 def fold_frozen_norms(model: nn.Module) -> None:
@@ -112,12 +182,10 @@ class BottleneckBlock(nn.Module):
         self.conv3 = ConvNorm(mid_ch, out_ch, 1)
 
     def forward(self, x: torch.Tensor, out_mask: torch.Tensor | None = None) -> torch.Tensor:
-        y = _mask(F.relu_(self.conv1(x)), out_mask)
-        y = F.relu_(self.conv2(y))
-        y = self.conv3(y)
-        identity = x if self.shortcut is None else self.shortcut(x)
+        y = _mask(conv_relu(self.conv1, x), out_mask)
+        y = conv_relu(self.conv2, y)
         # Nothing after a bottleneck reads its output through a 3x3 window, so it stays unmasked.
-        return F.relu_(y.add_(identity))
+        return conv_add_relu(self.conv3, y, x, self.shortcut)
 
 
 class BasicBlock(nn.Module):
@@ -137,11 +205,9 @@ class BasicBlock(nn.Module):
         self.conv2 = ConvNorm(out_ch, out_ch, 3, 1, dilation)
 
     def forward(self, x: torch.Tensor, out_mask: torch.Tensor | None = None) -> torch.Tensor:
-        y = _mask(F.relu_(self.conv1(x)), out_mask)
-        y = self.conv2(y)
-        identity = x if self.shortcut is None else self.shortcut(x)
+        y = _mask(conv_relu(self.conv1, x), out_mask)
         # The next basic block's 3x3 conv1 reads this output: zero the padding.
-        return _mask(F.relu_(y.add_(identity)), out_mask)
+        return _mask(conv_add_relu(self.conv2, y, x, self.shortcut), out_mask)
 
 
 class Stage(nn.Sequential):
@@ -188,7 +254,7 @@ class Stem(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # Post-ReLU values are >= 0, so zeroed padding never wins a max over a window that also
         # covers valid positions: the pool then equals the single-image pool, which ignores them.
-        x = _mask(F.relu_(self.conv1(x)), mask)
+        x = _mask(conv_relu(self.conv1, x), mask)
         return F.max_pool2d(x, kernel_size=3, stride=2, padding=0, ceil_mode=True)
 
 
@@ -221,22 +287,23 @@ class PaddingMasks:
 
     image_sizes: valid (height, width) of each image inside a padded (N, 3, H, W) batch.
     `masks[level]` is an (N, 1, h, w) float mask on `device`, or None where no image is padded.
+    The masks are built on `device` from one small copy of the sizes.
     """
 
     def __init__(self, image_sizes: list[tuple[int, int]], padded_hw: tuple[int, int], device):
         padded = level_sizes(*padded_hw)
         valid = [level_sizes(h, w) for h, w in image_sizes]
-        self.masks: dict[str, torch.Tensor | None] = {}
-        for level in LEVELS:
+        self.masks: dict[str, torch.Tensor | None] = dict.fromkeys(LEVELS)
+        levels = [lv for lv in LEVELS if any(v[lv] != padded[lv] for v in valid)]
+        if not levels:
+            return
+        sizes = torch.tensor([[v[lv] for lv in levels] for v in valid], dtype=torch.long)
+        sizes = sizes.to(device, non_blocking=True)  # (N, levels, 2)
+        for k, level in enumerate(levels):
             ph, pw = padded[level]
-            if all(v[level] == (ph, pw) for v in valid):
-                self.masks[level] = None
-                continue
-            sizes = torch.tensor([v[level] for v in valid], dtype=torch.long).view(-1, 2)
-            rows = torch.arange(ph)[None, :] < sizes[:, :1]  # (N, h)
-            cols = torch.arange(pw)[None, :] < sizes[:, 1:]  # (N, w)
-            mask = (rows[:, None, :, None] & cols[:, None, None, :]).float()
-            self.masks[level] = mask.to(device, non_blocking=True)
+            rows = torch.arange(ph, device=device)[None, :] < sizes[:, k, :1]  # (N, h)
+            cols = torch.arange(pw, device=device)[None, :] < sizes[:, k, 1:]  # (N, w)
+            self.masks[level] = (rows[:, None, :, None] & cols[:, None, None, :]).float()
 
 
 class ResNetC4(nn.Module):

@@ -4,12 +4,15 @@ Opt-in (`pytest -m gpu`) and skipped without a CUDA device.
 """
 
 import time
+from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 from skimage import data
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from extractor.backbone import fold_frozen_norms
 from extractor.config import DetectorConfig, preset_config
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
@@ -95,3 +98,48 @@ def test_stage_times_come_from_events_without_waiting_between_stages(images, mon
     timings = extractor.last_timings
     assert set(timings) == {"prepare", "backbone", "rpn", "roi_head", "selection"}
     assert all(t >= 0 for t in timings.values()) and sum(timings.values()) <= 1.05 * wall
+
+
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched, by name (`cudnn_convolution_relu`, ...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _real_r101(fold: bool) -> BUTDDetector:
+    torch.manual_seed(0)
+    model = BUTDDetector(DetectorConfig()).cuda().eval().to(memory_format=torch.channels_last)
+    if fold:
+        fold_frozen_norms(model)
+    return model
+
+
+def test_fused_cudnn_kernels_equal_conv_then_norm_in_float32():
+    """The real R101: folded norms with conv+bias(+residual)+ReLU in one cuDNN kernel equal the
+    unfused network (a conv, then the norm, the addition and the ReLU as passes) to 1e-4."""
+    photo = torch.rand(2, 3, 320, 480, device="cuda").mul_(255).sub_(110)
+    photo = photo.contiguous(memory_format=torch.channels_last)
+    sizes = [(320, 480), (288, 416)]
+    boxes = [torch.tensor([[0.0, 0, 200, 150], [64, 32, 480, 300]], device="cuda")] * 2
+    outputs = []
+    for fold in (False, True):
+        model = _real_r101(fold)
+        with torch.inference_mode(), _OpCounter() as ops:
+            res4 = model.backbone(photo, sizes)
+            features = model.roi_heads(res4, boxes).features
+        outputs.append((res4, features, ops.counts))
+    (res4, features, unfused_ops), (fused_res4, fused_features, fused_ops) = outputs
+    assert unfused_ops["cudnn_convolution_relu"] == unfused_ops["cudnn_convolution_add_relu"] == 0
+    # every ConvNorm but the projection shortcuts: stem 1 + 2 per block, + 1 per block
+    assert fused_ops["cudnn_convolution_relu"] == 1 + 2 * (3 + 4 + 23 + 3)
+    assert fused_ops["cudnn_convolution_add_relu"] == 3 + 4 + 23 + 3
+    scale = res4.abs().max().item()
+    torch.testing.assert_close(fused_res4, res4, rtol=1e-4, atol=1e-4 * scale)
+    scale = features.abs().max().item()
+    torch.testing.assert_close(fused_features, features, rtol=1e-4, atol=1e-4 * scale)
