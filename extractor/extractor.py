@@ -124,12 +124,11 @@ class Extractor:
         self.model.to(memory_format=self.memory_format)
         fold_frozen_norms(self.model)
         # On a GPU, batches are padded to sizes in steps of 64 pixels, so that few distinct
-        # shapes reach cuDNN, which then picks each one's fastest kernels once (benchmark mode).
-        # Padding never changes results (see the module docstring).
-        self.pad_multiple = 1
-        if self.device.type == "cuda":
-            self.pad_multiple = 64
-            torch.backends.cudnn.benchmark = True
+        # shapes reach cuDNN. Padding never changes results (see the module docstring). cuDNN's
+        # benchmark mode is left as it is: on an H200 its choices were no faster than the
+        # heuristics' (bf16, batch 32: 107 against 110 images/s) and each new shape, such as
+        # a batch's RoI count, costs ~0.8 s of trials (docs/performance.md).
+        self.pad_multiple = 64 if self.device.type == "cuda" else 1
         if compile_head:  # the module's own forward: its state dict keeps its names
             res5 = self.model.roi_heads.res5
             res5.forward = torch.compile(res5.forward)

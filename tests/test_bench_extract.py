@@ -113,3 +113,17 @@ def test_peaked_scores_need_random_weights(capsys, tmp_path):
     assert main(["bench", "extract", "--device", "cpu", "--num-images", "1", "--batch-sizes", "1",
                  "--scores", "peaked", "--weights", str(weights), *tiny]) == 2
     assert "--scores peaked scales a random detector" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("op", ["cudnn_convolution_relu", "cudnn_convolution_add_relu"])
+def test_fused_cudnn_convolutions_count_the_flops_of_their_convolution(op):
+    """The extractor's fused kernels (GPU only) count as the convolution they hold."""
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+    x, w, b = torch.randn(2, 8, 10, 12), torch.randn(16, 8, 3, 3), torch.randn(16)
+    geometry = ([2, 1], [2, 2], [2, 2], 1)  # stride, padding, dilation, groups
+    with FlopCounterMode(display=False) as counter:
+        out = torch.nn.functional.conv2d(x, w, b, *geometry)
+    args = (x, w, b, *geometry) if op == "cudnn_convolution_relu" else (x, w, out, 1.0, b, *geometry)
+    formula = flop_registry[getattr(torch.ops.aten, op)]
+    assert formula(*args, out_val=out) == counter.get_total_flops() == 2 * out.numel() * 8 * 9

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, register_flop_formula
 
 from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.common.config import ConfigError
@@ -121,6 +121,14 @@ def first_good_images(job: ExtractJobConfig, refs: list[ImageRef], count: int) -
     """The first `count` images of `refs` that decode, prepared as the Extractor takes them."""
     good = (item for item in (prepare(ref, job.preprocess) for ref in refs) if item.error is None)
     return [item.image for _, item in zip(range(count), good)]
+
+
+@register_flop_formula([torch.ops.aten.cudnn_convolution_relu,
+                        torch.ops.aten.cudnn_convolution_add_relu])
+def _fused_conv_flop(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
+    """The extractor's fused cuDNN convolutions (extractor.backbone.conv_relu, conv_add_relu):
+    the convolution's FLOPs, as for aten.convolution (bias, addition and ReLU are not counted)."""
+    return conv_flop_count(x_shape, w_shape, out_shape)
 
 
 def counted_per_image(job: ExtractJobConfig, refs: list[ImageRef], weights: str | None) -> dict:
