@@ -26,7 +26,7 @@ from extractor.config import ExtractorConfig
 from extractor.detector import BUTDDetector, RoIHeadOutputs, clip_boxes
 from extractor.features import RegionFeatures
 from extractor.host import Transfer, fetch
-from extractor.preprocess import PreparedImage, pad_batch
+from extractor.preprocess import DecodedImage, PreparedImage, pad_batch
 from extractor.selection import select_regions
 
 STAGES = ("prepare", "backbone", "rpn", "roi_head", "selection")
@@ -153,21 +153,26 @@ class Extractor:
         return batch.contiguous(memory_format=self.memory_format)
 
     def __call__(
-        self, images: list[PreparedImage], given_boxes: list[np.ndarray] | None = None
+        self,
+        images: list[PreparedImage | DecodedImage],
+        given_boxes: list[np.ndarray] | None = None,
     ) -> list[RegionFeatures]:
         """Regions of each image: `collect(submit(images, given_boxes))`."""
         return self.collect(self.submit(images, given_boxes))
 
     @torch.inference_mode()
     def submit(
-        self, images: list[PreparedImage], given_boxes: list[np.ndarray] | None = None
+        self,
+        images: list[PreparedImage | DecodedImage],
+        given_boxes: list[np.ndarray] | None = None,
     ) -> PendingBatch:
         """Queue a batch on the device and start its results' copy to the host; returns without
         waiting for them (one host sync inside: the RPN's proposal counts). Submitting the next
         batch before collecting this one keeps a GPU busy while the host assembles results.
 
         images: outputs of extractor.preprocess.resize_image (BGR 0-255 pixels (3, h, w), resized,
-            not mean-subtracted, with scale_y / scale_x = resized / original and the original size).
+            not mean-subtracted, with scale_y / scale_x = resized / original and the original size),
+            or DecodedImage, resized here on the device.
         given_boxes: in "given" mode, one (K_i, 4) array per image, x1 y1 x2 y2 in original pixels;
             their features are returned in the same order. None in the other modes.
         """
@@ -181,6 +186,8 @@ class Extractor:
         clock = _StageClock(self.device)
         if not images:
             return PendingBatch(images, given_boxes, clock)
+        # Decoded images are resized here, on the device (timed as part of "prepare").
+        images = [im.resized(self.device) if isinstance(im, DecodedImage) else im for im in images]
         sizes = [(int(im.pixels.shape[1]), int(im.pixels.shape[2])) for im in images]
         # (scale_x, scale_y, scale_x, scale_y) per image maps original pixels to input pixels.
         scales = torch.tensor(

@@ -52,6 +52,27 @@ class PreparedImage:
     orig_width: int
 
 
+@dataclass
+class DecodedImage:
+    """A decoded image whose resize is left to the detector's device (Extractor.submit does it
+    there, where the cv2 resize gives the same bits; the host then only decodes).
+
+    bgr: (H, W, 3) uint8 BGR, as decode_image returns it (pinned where a GPU will copy it).
+    """
+
+    bgr: torch.Tensor
+    cfg: PreprocessConfig
+
+    def resized(self, device: torch.device | str) -> PreparedImage:
+        return resize_image(self.bgr, self.cfg, device)
+
+
+def resizes_on_device(cfg: PreprocessConfig) -> bool:
+    """Whether a resize can run on a GPU with the same result as on the host ("cv2": elementwise
+    float32 products and sums; PIL's and F.interpolate's kernels differ between devices)."""
+    return cfg.resize == "cv2"
+
+
 def decode_image(data: bytes, path: str, cfg: PreprocessConfig = PreprocessConfig()) -> np.ndarray:
     """Decode image file bytes to a (H, W, 3) uint8 BGR array, EXIF orientation applied.
 
@@ -96,7 +117,10 @@ def decode_image(data: bytes, path: str, cfg: PreprocessConfig = PreprocessConfi
     return np.ascontiguousarray(_to_rgb(image, path)[..., ::-1])
 
 
-def resize_image(image_bgr: np.ndarray, cfg: PreprocessConfig) -> PreparedImage:
+def resize_image(
+    image_bgr: np.ndarray | torch.Tensor, cfg: PreprocessConfig,
+    device: torch.device | str | None = None,
+) -> PreparedImage:
     """Resize a (H, W, 3) uint8 BGR image as the detector's preprocessing does.
 
     Shortest side to cfg.min_size unless the longest would exceed cfg.max_size (see
@@ -105,12 +129,20 @@ def resize_image(image_bgr: np.ndarray, cfg: PreprocessConfig) -> PreparedImage:
     detectron2's ResizeTransform; "torch": F.interpolate(bilinear, align_corners=False) on float,
     as the Hugging Face demo. Only PIL antialiases, so downscaling differs from the other two
     by several grey levels.
+
+    device: where a "cv2" resize runs and its pixels stay (default: the image's own); the
+    source is copied there without blocking (see resizes_on_device).
     """
     height, width = image_bgr.shape[:2]
     if cfg.resize == "cv2":
         scale = caffe_scale(height, width, cfg)
-        pixels = cv2_bilinear(torch.from_numpy(image_bgr), scale)
-        return PreparedImage(pixels, scale, scale, height, width)
+        image = torch.as_tensor(image_bgr)
+        if device is not None:
+            image = image.to(device, non_blocking=True)
+        return PreparedImage(cv2_bilinear(image, scale), scale, scale, height, width)
+    if device is not None and not resizes_on_device(cfg):
+        raise ValueError(f'resize "{cfg.resize}" runs on the host only (see resizes_on_device)')
+    image_bgr = np.asarray(image_bgr)
     new_height, new_width = resized_shape(height, width, cfg)
     if cfg.resize == "pil":
         resized = Image.fromarray(image_bgr).resize(
@@ -161,14 +193,15 @@ def caffe_scale(height: int, width: int, cfg: PreprocessConfig) -> float:
 def cv2_bilinear(image: torch.Tensor, scale: float) -> torch.Tensor:
     """cv2.resize(image.astype(float32), None, fx=scale, fy=scale, INTER_LINEAR) as (3, h, w).
 
-    image: (H, W, 3), any dtype (gathered before the float conversion). The output size is round(H * scale) x round(W * scale); each output pixel
-    samples the source at (d + 0.5) / scale - 0.5 (half-pixel centres, the given scale, not the
-    ratio of sizes), clamped to the border, weights in float32, a horizontal pass then a
-    vertical one. Elementwise torch ops: the same bits on any thread count.
+    image: (H, W, 3), any dtype (gathered before the float conversion), on any device. The output
+    size is round(H * scale) x round(W * scale); each output pixel samples the source at
+    (d + 0.5) / scale - 0.5 (half-pixel centres, the given scale, not the ratio of sizes),
+    clamped to the border, weights in float32, a horizontal pass then a vertical one.
+    Elementwise torch ops, each rounded once: the same bits on any thread count and device.
     """
     height, width = image.shape[:2]
-    x0, x1, wx0, wx1 = _cv2_taps(width, round(width * scale), scale)
-    y0, y1, wy0, wy1 = _cv2_taps(height, round(height * scale), scale)
+    x0, x1, wx0, wx1 = _cv2_taps(width, round(width * scale), scale, image.device)
+    y0, y1, wy0, wy1 = _cv2_taps(height, round(height * scale), scale, image.device)
     # Planar (3, H, W) before the gathers: the same products and sums as interleaved pixels
     # (so the same bits), with one cheap uint8 transpose instead of a float32 one at the end.
     planes = image.permute(2, 0, 1).contiguous()
@@ -178,14 +211,15 @@ def cv2_bilinear(image: torch.Tensor, scale: float) -> torch.Tensor:
     return out.add_(rows.index_select(1, y1).mul_(wy1[:, None]))
 
 
-def _cv2_taps(size: int, out: int, scale: float):
-    """Source indices (left, right) and float32 weights of cv2's linear resize along one axis."""
-    pos = ((torch.arange(out, dtype=torch.float64) + 0.5) * (1.0 / scale) - 0.5).float()
+def _cv2_taps(size: int, out: int, scale: float, device: torch.device):
+    """Source indices (left, right) and float32 weights of cv2's linear resize along one axis,
+    computed on `device` (nothing is copied from the host, so nothing waits for the device)."""
+    pos = (torch.arange(out, dtype=torch.float64, device=device) + 0.5) * (1.0 / scale) - 0.5
+    pos = pos.float()
     left = pos.floor()
     frac = pos - left
     left = left.long()
-    edge = (left < 0) | (left >= size - 1)
-    frac[edge] = 0.0
+    frac = torch.where((left < 0) | (left >= size - 1), 0.0, frac)
     left = left.clamp(0, size - 1)
     return left, (left + 1).clamp(max=size - 1), 1.0 - frac, frac
 

@@ -5,11 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from extractor.config import DetectorConfig, ExtractorConfig, PreprocessConfig, SelectionConfig
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
-from extractor.preprocess import PreparedImage, resize_image
+from extractor.preprocess import DecodedImage, PreparedImage, resize_image
 
 TINY = DetectorConfig(depth=18, width=8, rpn_hidden=32, rpn_post_nms_topk=30, rpn_min_size=4.0)
 
@@ -262,3 +263,30 @@ def test_uint8_pixels_give_the_same_regions(model, images):
     for a, b in zip(shipped, extractor(images)):
         np.testing.assert_array_equal(a.features, b.features)
         np.testing.assert_array_equal(a.boxes_xyxy_abs, b.boxes_xyxy_abs)
+
+
+def test_images_resized_in_the_extractor_give_the_same_regions(model, tmp_path):
+    """On a GPU the decoding threads leave the cv2 resize to the device (prepare's device_resize,
+    resized in Extractor.submit); the regions are the same as with the resize done at decode
+    time. A PIL-resize preset still resizes at decode time."""
+    from pipeline.datasets import ImageRef
+    from pipeline.extract.steps import prepare, ship_pixels
+
+    refs = []
+    for seed, (h, w) in enumerate([(120, 200), (144, 96)]):
+        path = tmp_path / f"{seed}.png"
+        Image.fromarray(_image(h, w, seed).pixels.permute(1, 2, 0).byte().numpy()).save(path)
+        refs.append(ImageRef(dataset="test", image_id=str(seed), path=path))
+    cfg = PreprocessConfig(min_size=96, max_size=160, resize="cv2")
+    extractor = Extractor(_config("adaptive", min_boxes=5, max_boxes=20), model)
+    at_decode = [prepare(ref, cfg) for ref in refs]
+    deferred = [prepare(ref, cfg, device_resize=True) for ref in refs]
+    ship_pixels(deferred, cfg, pin=False)
+    assert all(isinstance(item.image, DecodedImage) for item in deferred)
+    assert all(item.image.bgr.dtype == torch.uint8 for item in deferred)
+    now = extractor([item.image for item in at_decode])
+    for a, b in zip(extractor([item.image for item in deferred]), now):
+        np.testing.assert_array_equal(a.features, b.features)
+        np.testing.assert_array_equal(a.boxes_xyxy_abs, b.boxes_xyxy_abs)
+    pil = prepare(refs[0], dataclasses.replace(cfg, resize="pil"), device_resize=True)
+    assert isinstance(pil.image, PreparedImage)

@@ -13,10 +13,10 @@ from skimage import data
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from extractor.backbone import fold_frozen_norms
-from extractor.config import DetectorConfig, preset_config
+from extractor.config import DetectorConfig, PreprocessConfig, preset_config
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
-from extractor.preprocess import resize_image
+from extractor.preprocess import DecodedImage, resize_image
 from test_extractor_batching import TINY, _config, _image, _random_detector
 
 pytestmark = [
@@ -143,3 +143,15 @@ def test_fused_cudnn_kernels_equal_conv_then_norm_in_float32():
     torch.testing.assert_close(fused_res4, res4, rtol=1e-4, atol=1e-4 * scale)
     scale = features.abs().max().item()
     torch.testing.assert_close(fused_features, features, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_cv2_resize_on_the_gpu_has_the_cpus_bits():
+    """Extraction resizes decoded images on the GPU (DecodedImage): the same pixels as on the
+    host, so features do not depend on where the resize ran."""
+    cfg = PreprocessConfig(resize="cv2")
+    for name in ("chelsea", "coffee", "astronaut"):
+        bgr = np.ascontiguousarray(getattr(data, name)()[..., ::-1])
+        host = resize_image(bgr, cfg)
+        pinned = torch.from_numpy(bgr).pin_memory()
+        device = DecodedImage(pinned, cfg).resized("cuda")
+        assert device.pixels.is_cuda and torch.equal(device.pixels.cpu(), host.pixels)

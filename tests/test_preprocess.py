@@ -14,11 +14,13 @@ from skimage import data as photos
 
 from extractor.config import PreprocessConfig
 from extractor.preprocess import (
+    DecodedImage,
     ImageError,
     caffe_scale,
     decode_image,
     resize_image,
     resized_shape,
+    resizes_on_device,
 )
 
 
@@ -286,3 +288,24 @@ def test_caffe_caps_the_rounded_long_side():
     assert caffe_scale(3000, 5003, caffe) == 1000 / 5003  # 1000.6 rounds to 1001: capped
     assert resized_shape(3000, 5003, caffe) == (600, 1000)
     assert caffe_scale(5001, 3000, caffe) == 0.2
+
+
+def test_a_decoded_image_resizes_to_the_same_bits_later():
+    """Extraction on a GPU leaves the cv2 resize to the detector's device (DecodedImage); here on
+    the CPU the deferred resize must equal the one done at decode time, bit for bit."""
+    cfg = PreprocessConfig(resize="cv2")
+    bgr = np.ascontiguousarray(photos.chelsea()[..., ::-1])
+    now = resize_image(bgr, cfg)
+    later = DecodedImage(torch.from_numpy(bgr), cfg).resized("cpu")
+    assert torch.equal(later.pixels, now.pixels)
+    assert (later.scale_y, later.scale_x, later.orig_height, later.orig_width) == (
+        now.scale_y, now.scale_x, now.orig_height, now.orig_width)
+
+
+@pytest.mark.parametrize("method", ["pil", "torch"])
+def test_only_the_cv2_resize_is_left_to_a_device(method):
+    """PIL's and F.interpolate's kernels differ between devices: they stay on the host."""
+    cfg = PreprocessConfig(resize=method)
+    assert not resizes_on_device(cfg) and resizes_on_device(PreprocessConfig(resize="cv2"))
+    with pytest.raises(ValueError, match=f'resize "{method}" runs on the host only'):
+        resize_image(np.zeros((40, 60, 3), np.uint8), cfg, device="cpu")

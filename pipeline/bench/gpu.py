@@ -63,7 +63,7 @@ def extraction(quick: bool, device: str | None, compiled: bool = False) -> list[
     sets = ["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"] if quick else []
     args = argparse.Namespace(
         weights=None, random_weights=True, scores="peaked", images=None, ray=False, json=None,
-        num_images=4 if quick else 96, batch_sizes="1,2" if quick else "1,8,16,32",
+        num_images=4 if quick else 320, batch_sizes="1,2" if quick else "1,8,16,32",
         precisions="fp32" if quick else "bf16,fp32", device=device, config=None, sets=sets,
     )
     rows = bench_extract(args)

@@ -26,11 +26,12 @@ class LocalEngine:
     def __init__(self, job: ExtractJobConfig, extractor: Extractor, given_boxes=None):
         self.job = job
         self.extractor = extractor
+        self.pin = extractor.device.type == "cuda"
+        # On a GPU, the threads only decode where the device can resize (see prepare).
         self.prepare = partial(
             prepare, preprocess=job.preprocess, given_boxes=given_boxes,
-            keep_bytes=job.output.keep_images,
+            keep_bytes=job.output.keep_images, device_resize=self.pin,
         )
-        self.pin = extractor.device.type == "cuda"
         # One batch in flight only on a GPU: on the CPU, submit already does all the work.
         self.pipelined = extractor.device.type == "cuda"
 

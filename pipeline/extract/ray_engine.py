@@ -93,10 +93,13 @@ def plan_layout(run: EngineConfig, resources: dict[str, float]) -> RayLayout:
     return RayLayout(actors, gpus_per_actor, decoders, threads)
 
 
-def decode_unit(row: dict, preprocess: PreprocessConfig, keep_bytes: bool) -> dict:
-    """Decode stage: a unit's (refs, given boxes) -> its list[Prepared] (bad images as errors)."""
+def decode_unit(
+    row: dict, preprocess: PreprocessConfig, keep_bytes: bool, device_resize: bool
+) -> dict:
+    """Decode stage: a unit's (refs, given boxes) -> its list[Prepared] (bad images as errors).
+    device_resize: the actors detect on GPUs, which resize where they can (see prepare)."""
     refs, given_boxes = pickle.loads(row["payload"])
-    items = [prepare(ref, preprocess, given_boxes, keep_bytes) for ref in refs]
+    items = [prepare(ref, preprocess, given_boxes, keep_bytes, device_resize) for ref in refs]
     ship_pixels(items, preprocess, pin=False)  # pinned memory would not survive the object store
     return {"unit": row["unit"], "payload": pickle.dumps(items, pickle.HIGHEST_PROTOCOL)}
 
@@ -182,7 +185,8 @@ class RayEngine:
             ray.data.from_items(rows, override_num_blocks=len(rows))
             .map(
                 decode_unit,
-                fn_kwargs={"preprocess": preprocess, "keep_bytes": self.job.output.keep_images},
+                fn_kwargs={"preprocess": preprocess, "keep_bytes": self.job.output.keep_images,
+                           "device_resize": layout.gpus_per_actor > 0},
                 compute=TaskPoolStrategy(size=layout.decoders),
                 num_cpus=1,
                 memory=decode_memory,

@@ -24,7 +24,9 @@ import numpy as np
 import torch
 
 from extractor.config import PreprocessConfig
-from extractor.preprocess import ImageError, PreparedImage, decode_image, resize_image
+from extractor.preprocess import (
+    DecodedImage, ImageError, PreparedImage, decode_image, resize_image, resizes_on_device,
+)
 from pipeline.datasets import ImageRef
 
 if TYPE_CHECKING:  # a decode worker never loads the detector (torchvision: ~10 s of CPU to import)
@@ -34,7 +36,8 @@ if TYPE_CHECKING:  # a decode worker never loads the detector (torchvision: ~10 
 
 @dataclass
 class Prepared:
-    """One image on its way to a shard: decoded (`image`), then detected (`features`), or failed.
+    """One image on its way to a shard: decoded (`image`, resized, or a DecodedImage whose resize
+    the detector's device does), then detected (`features`), or failed.
 
     data: the file's bytes, kept only when the shard stores the original image.
     boxes: in box mode "given", the (K, 4) float32 x1 y1 x2 y2 boxes in original pixels.
@@ -43,7 +46,7 @@ class Prepared:
     """
 
     ref: ImageRef
-    image: PreparedImage | None = None
+    image: PreparedImage | DecodedImage | None = None
     data: bytes | None = None
     boxes: np.ndarray | None = None
     features: RegionFeatures | None = None
@@ -57,11 +60,14 @@ def prepare(
     preprocess: PreprocessConfig,
     given_boxes: dict[str, np.ndarray] | None = None,
     keep_bytes: bool = False,
+    device_resize: bool = False,
 ) -> Prepared:
     """Read, decode and resize one image; never raises for a bad image.
 
     given_boxes: in box mode "given", {image_id: boxes} covering at least this image; an image
     that decodes but has no entry fails with "no boxes given".
+    device_resize: leave the resize to the detector's device where it gives the same pixels
+    there (resizes_on_device): `image` is then a DecodedImage and the host only decodes.
     """
     start = time.perf_counter()
     try:
@@ -76,7 +82,10 @@ def prepare(
         if boxes is None:
             error = f"{ref.location}: no boxes given for image id {ref.image_id!r}"
             return Prepared(ref, error=error)
-    image = resize_image(pixels, preprocess)
+    if device_resize and resizes_on_device(preprocess):
+        image = DecodedImage(torch.from_numpy(pixels), preprocess)
+    else:
+        image = resize_image(pixels, preprocess)
     return Prepared(
         ref, image, data if keep_bytes else None, boxes,
         seconds_decode=decoded - start, seconds_preprocess=time.perf_counter() - decoded,
@@ -90,12 +99,17 @@ def ship_pixels(items: list[Prepared], preprocess: PreprocessConfig, pin: bool) 
     which a GPU copies from without blocking the host (only where the detector runs on one).
     """
     for item in items:
-        if item.image is None:
+        image = item.image
+        if isinstance(image, DecodedImage):  # uint8 already
+            if pin:
+                image.bgr = image.bgr.pin_memory()
+            continue
+        if image is None:
             continue
         if preprocess.resize == "pil":
-            item.image.pixels = item.image.pixels.to(torch.uint8)
+            image.pixels = image.pixels.to(torch.uint8)
         if pin:
-            item.image.pixels = item.image.pixels.pin_memory()
+            image.pixels = image.pixels.pin_memory()
 
 
 @dataclass
