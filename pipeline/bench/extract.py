@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, conv_flop_count, register_flop_formula
+from torch.utils.flop_counter import (
+    FlopCounterMode, conv_flop_count, flop_registry, register_flop_formula,
+)
 
 from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.common.config import ConfigError
@@ -123,12 +125,15 @@ def first_good_images(job: ExtractJobConfig, refs: list[ImageRef], count: int) -
     return [item.image for _, item in zip(range(count), good)]
 
 
-@register_flop_formula([torch.ops.aten.cudnn_convolution_relu,
-                        torch.ops.aten.cudnn_convolution_add_relu])
 def _fused_conv_flop(x_shape, w_shape, *args, out_shape=None, **kwargs) -> int:
     """The extractor's fused cuDNN convolutions (extractor.backbone.conv_relu, conv_add_relu):
     the convolution's FLOPs, as for aten.convolution (bias, addition and ReLU are not counted)."""
     return conv_flop_count(x_shape, w_shape, out_shape)
+
+
+for _op in (torch.ops.aten.cudnn_convolution_relu, torch.ops.aten.cudnn_convolution_add_relu):
+    if _op not in flop_registry:  # once per process, though this module may be imported again
+        register_flop_formula(_op)(_fused_conv_flop)
 
 
 def counted_per_image(job: ExtractJobConfig, refs: list[ImageRef], weights: str | None) -> dict:
