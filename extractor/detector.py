@@ -348,13 +348,20 @@ class Res5ROIHeads(nn.Module):
         )
         rois = torch.cat((batch_idx, torch.cat(boxes).float()), dim=1)
         size = self.cfg.pooler_resolution
-        # Box coordinates must stay float32; a max over upcast values is exact, so the pooled
-        # values cast back to res4's dtype are unchanged.
-        pooled = roi_pool(res4.float(), rois, (size, size), 1.0 / self.cfg.feature_stride)
+        scale = 1.0 / self.cfg.feature_stride
+        if res4.is_cuda and _channels_last(res4) and not torch.is_grad_enabled():
+            from extractor.roi_pool import roi_max_pool  # Triton: loaded where it runs
+
+            # The same values as below, pooled in res4's dtype and layout in one pass.
+            pooled = roi_max_pool(res4, rois, size, scale)
+        else:
+            # Box coordinates must stay float32; a max over upcast values is exact, so the
+            # pooled values cast back to res4's dtype are unchanged...
+            pooled = roi_pool(res4.float(), rois, (size, size), scale)
+            # ...in res4's dtype and memory format, which res5's convs expect.
+            layout = torch.channels_last if _channels_last(res4) else torch.contiguous_format
+            pooled = pooled.to(res4.dtype).contiguous(memory_format=layout)
         # Averaged in float32: under autocast res5 runs in half precision, its mean need not.
-        # ...in res4's dtype and memory format (channels-last on a GPU), which res5's convs expect.
-        layout = torch.channels_last if _channels_last(res4) else torch.contiguous_format
-        pooled = pooled.to(res4.dtype).contiguous(memory_format=layout)
         features = self.res5(pooled).mean(dim=(2, 3), dtype=torch.float32)
         cls_logits, deltas, attr_logits = self.box_predictor(features, box_deltas)
         return RoIHeadOutputs(features, cls_logits, deltas, attr_logits)

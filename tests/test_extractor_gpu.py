@@ -155,3 +155,33 @@ def test_cv2_resize_on_the_gpu_has_the_cpus_bits():
         pinned = torch.from_numpy(bgr).pin_memory()
         device = DecodedImage(pinned, cfg).resized("cuda")
         assert device.pixels.is_cuda and torch.equal(device.pixels.cpu(), host.pixels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_roi_max_pool_compiled_equals_torchvision(dtype):
+    """The Triton kernel compiled for the GPU: torchvision's roi_pool of the float32 features,
+    cast to the features' dtype, bit for bit (res4-sized, 600 RoIs, half-cell coordinates)."""
+    from torchvision.ops import roi_pool
+
+    from extractor.roi_pool import roi_max_pool
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    features = torch.randn(2, 1024, 38, 63, device="cuda", generator=gen).relu().to(dtype)
+    features = features.contiguous(memory_format=torch.channels_last)
+    xy = torch.randint(-64, 32 * 1000, (600, 4), device="cuda", generator=gen).float() / 32
+    boxes = torch.cat((xy[:, :2].minimum(xy[:, 2:]), xy[:, :2].maximum(xy[:, 2:])), dim=1)
+    image = torch.randint(0, 2, (600, 1), device="cuda", generator=gen).float()
+    rois = torch.cat((image, boxes), dim=1)
+    got = roi_max_pool(features, rois, 14, 1 / 16)
+    expected = roi_pool(features.float(), rois, (14, 14), 1 / 16).to(dtype)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got, expected)
+
+
+def test_the_extractor_pools_regions_with_the_kernel(images):
+    """On a GPU without gradients, the RoI head pools with extractor.roi_pool, not torchvision."""
+    extractor = Extractor(_config("adaptive"), _random_detector(TINY), device="cuda",
+                          autocast_dtype=torch.bfloat16)
+    with _OpCounter() as ops:
+        extractor(images)
+    assert ops.counts["roi_pool"] == 0
