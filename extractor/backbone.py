@@ -113,45 +113,39 @@ def _cudnn(x: torch.Tensor) -> bool:
 
 
 def conv_relu(conv: ConvNorm, x: torch.Tensor) -> torch.Tensor:
-    """relu(norm(conv(x))). With the norm folded and no gradient recorded, on a GPU one cuDNN
-    kernel does conv, bias and ReLU (otherwise each is a pass over the output)."""
+    """relu(norm(conv(x))). On a GPU, with the norm folded and no gradient recorded, one cuDNN
+    kernel does conv, bias and ReLU; elsewhere conv (with the folded bias) and ReLU run as
+    before, so CPU results keep their bits."""
     dtype = compute_dtype(x)
     folded = conv.folded_weights(dtype)
-    if folded is None:
+    if folded is None or not _cudnn(x):
         return F.relu_(conv(x))
-    weight, bias = folded
-    x = x.to(dtype)
-    if _cudnn(x):
-        return torch.cudnn_convolution_relu(
-            x, weight, bias, conv.stride, conv.padding, conv.dilation, conv.groups
-        )
-    return F.relu_(conv.conv(x, weight, bias))
+    return torch.cudnn_convolution_relu(
+        x.to(dtype), *folded, conv.stride, conv.padding, conv.dilation, conv.groups
+    )
 
 
 def conv_add_relu(
     conv: ConvNorm, y: torch.Tensor, x: torch.Tensor, shortcut: ConvNorm | None
 ) -> torch.Tensor:
     """A residual block's end: relu(norm(conv(y)) + identity), the identity being x or
-    norm(shortcut(x)). Folded and without gradients, the shortcut's bias joins conv's, and on a
-    GPU one cuDNN kernel does conv, bias, the addition and ReLU."""
+    norm(shortcut(x)). On a GPU, folded and without gradients, the shortcut's bias joins conv's
+    and one cuDNN kernel does conv, bias, the addition and ReLU; elsewhere as conv_relu."""
     dtype = compute_dtype(y)
     folded = conv.folded_weights(dtype)
     short = None if shortcut is None else shortcut.folded_weights(dtype)
-    if folded is None or (shortcut is not None and short is None):
+    if folded is None or (shortcut is not None and short is None) or not _cudnn(y):
         identity = x if shortcut is None else shortcut(x)
         return F.relu_(conv(y).add_(identity))
     weight, bias = folded
-    y, x = y.to(dtype), x.to(dtype)
-    if shortcut is None:
-        identity = x
-    else:
-        identity = shortcut.conv(x, short[0], None)
+    identity = x.to(dtype)
+    if shortcut is not None:
+        identity = shortcut.conv(identity, short[0], None)
         bias = bias + short[1]
-    if _cudnn(y):
-        return torch.cudnn_convolution_add_relu(
-            y, weight, identity, 1.0, bias, conv.stride, conv.padding, conv.dilation, conv.groups
-        )
-    return F.relu_(conv.conv(y, weight, bias).add_(identity))
+    return torch.cudnn_convolution_add_relu(
+        y.to(dtype), weight, identity, 1.0, bias, conv.stride, conv.padding, conv.dilation,
+        conv.groups,
+    )
 
 
 def fold_frozen_norms(model: nn.Module) -> None:

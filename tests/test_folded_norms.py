@@ -77,3 +77,22 @@ def test_compiled_head_equals_the_eager_one():
     for a, b in zip(compiled(images, boxes), eager):
         np.testing.assert_allclose(a.features.astype(np.float32), b.features, rtol=1e-3, atol=1e-3)
         np.testing.assert_allclose(a.object_conf, b.object_conf, rtol=1e-4, atol=1e-6)
+
+
+def test_on_the_cpu_a_block_keeps_the_bits_of_conv_then_relu_then_addition():
+    """Merging the shortcut's bias into the last conv's (as the GPU's fused kernel needs) moves
+    CPU results by float rounding, and with them every number trained on them (the demo's
+    table): on the CPU a block computes conv (folded bias), shortcut, addition, ReLU, in turn."""
+    from extractor.backbone import BottleneckBlock, conv_add_relu
+
+    torch.manual_seed(0)
+    block = BottleneckBlock(8, 4, 16, stride=2).eval()
+    for module in block.modules():
+        if isinstance(module, ConvNorm):
+            module.norm.bias.normal_()
+            module.norm.running_mean.normal_()
+    fold_frozen_norms(block)
+    x, y = torch.randn(2, 8, 9, 9), torch.randn(2, 4, 5, 5)
+    with torch.no_grad():
+        expected = torch.relu(block.conv3(y) + block.shortcut(x))
+        assert torch.equal(conv_add_relu(block.conv3, y, x, block.shortcut), expected)

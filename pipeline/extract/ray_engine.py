@@ -121,9 +121,13 @@ class UnitDetector:
         self.extractor, loaded = build_extractor(job, weights, layout.device)
         if loaded != detector:
             raise RuntimeError(f"an actor loaded detector {loaded}, not the run's {detector}")
+        self.preprocess = job.preprocess
 
     def __call__(self, row: dict) -> dict:
         items = pickle.loads(row["payload"])
+        # Pinned here (the object store cannot carry pinned memory): a GPU copies pinned pixels
+        # without waiting for the work already queued, pageable ones only after it.
+        ship_pixels(items, self.preprocess, pin=self.extractor.device.type == "cuda")
         seconds: Counter = Counter()
         detect_batch(self.extractor, items, seconds)
         payload = pickle.dumps((items, dict(seconds)), pickle.HIGHEST_PROTOCOL)
