@@ -91,7 +91,7 @@ def roi_max_pool(
         raise ValueError("roi_max_pool reads channels-last features")
     if rois.dtype != torch.float32 or rois.dim() != 2 or rois.shape[1] != 5:
         raise ValueError(f"rois must be (R, 5) float32, not {tuple(rois.shape)} {rois.dtype}")
-    n, channels, height, width = features.shape
+    _, channels, height, width = features.shape
     out = torch.empty((rois.shape[0], pooled, pooled, channels), dtype=features.dtype,
                       device=features.device)
     if out.numel():

@@ -100,11 +100,11 @@ def ship_pixels(items: list[Prepared], preprocess: PreprocessConfig, pin: bool) 
     """
     for item in items:
         image = item.image
+        if image is None:
+            continue
         if isinstance(image, DecodedImage):  # uint8 already
             if pin:
                 image.bgr = image.bgr.pin_memory()
-            continue
-        if image is None:
             continue
         if preprocess.resize == "pil":
             image.pixels = image.pixels.to(torch.uint8)
