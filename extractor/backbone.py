@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from extractor.config import BLOCKS_PER_STAGE
+from extractor.host import to_device
 
 
 class FrozenBatchNorm2d(nn.Module):
@@ -291,8 +292,7 @@ class PaddingMasks:
         levels = [lv for lv in LEVELS if any(v[lv] != padded[lv] for v in valid)]
         if not levels:
             return
-        sizes = torch.tensor([[v[lv] for lv in levels] for v in valid], dtype=torch.long)
-        sizes = sizes.to(device, non_blocking=True)  # (N, levels, 2)
+        sizes = to_device([[v[lv] for lv in levels] for v in valid], device)  # (N, levels, 2)
         for k, level in enumerate(levels):
             ph, pw = padded[level]
             rows = torch.arange(ph, device=device)[None, :] < sizes[:, k, :1]  # (N, h)

@@ -28,7 +28,7 @@ from torchvision.ops import nms, roi_pool
 
 from extractor.backbone import ResNetC4, build_res5_head, level_sizes
 from extractor.config import DetectorConfig
-from extractor.host import fetch
+from extractor.host import fetch, to_device
 from extractor.nms import greedy_passes, overlaps, pairwise_iou
 
 R101_STATE_ENTRIES = 536
@@ -202,16 +202,17 @@ class ProposalGenerator(nn.Module):
         boxes = apply_deltas(deltas.reshape(-1, 4), anchors.repeat(n, 1), RPN_BBOX_REG_WEIGHTS)
         boxes = boxes.view(n, -1, 4)
 
-        sizes = torch.tensor(image_sizes, dtype=torch.float32, device=res4.device)  # (N, 2)
+        sizes = to_device(image_sizes, res4.device, torch.float32)  # (N, 2)
         boxes = clip_boxes(boxes, sizes[:, :1], sizes[:, 1:])
         # Only the anchors an image alone would have: those on its own (top-left) part of the grid.
         inside = torch.zeros(n, h4, w4, dtype=torch.bool)
         for i, (h, w) in enumerate(image_sizes):
             valid_h, valid_w = level_sizes(h, w)["res4"]
             inside[i, :valid_h, :valid_w] = True
-        keep = inside[..., None].expand(n, h4, w4, num_anchors).reshape(n, -1).to(res4.device)
+        keep = to_device(inside, res4.device)[..., None].expand(n, h4, w4, num_anchors)
+        keep = keep.reshape(n, -1)
         if min_sizes is not None:
-            mins = torch.tensor(min_sizes, dtype=torch.float32, device=res4.device)
+            mins = to_device(min_sizes, res4.device, torch.float32)
             keep &= (boxes[..., 2] - boxes[..., 0] >= mins[:, 1:]) & (
                 boxes[..., 3] - boxes[..., 1] >= mins[:, :1]
             )

@@ -25,7 +25,7 @@ from extractor.batch_selection import SELECTION_PASSES, select_batch
 from extractor.config import ExtractorConfig
 from extractor.detector import BUTDDetector, RoIHeadOutputs, clip_boxes
 from extractor.features import RegionFeatures
-from extractor.host import Transfer, fetch
+from extractor.host import Transfer, fetch, to_device
 from extractor.preprocess import DecodedImage, PreparedImage, pad_batch
 from extractor.selection import select_regions
 
@@ -190,11 +190,8 @@ class Extractor:
         images = [im.resized(self.device) if isinstance(im, DecodedImage) else im for im in images]
         sizes = [(int(im.pixels.shape[1]), int(im.pixels.shape[2])) for im in images]
         # (scale_x, scale_y, scale_x, scale_y) per image maps original pixels to input pixels.
-        scales = torch.tensor(
-            [(im.scale_x, im.scale_y, im.scale_x, im.scale_y) for im in images],
-            dtype=torch.float32,
-            device=self.device,
-        )
+        scales = to_device([(im.scale_x, im.scale_y, im.scale_x, im.scale_y) for im in images],
+                           self.device, torch.float32)
         batch = self._batch(images)
         clock.tick("prepare")
 
@@ -204,7 +201,7 @@ class Extractor:
 
         if given:
             rois = [
-                torch.as_tensor(b, dtype=torch.float32, device=self.device).view(-1, 4) * scales[i]
+                to_device(b, self.device, torch.float32).view(-1, 4) * scales[i]
                 for i, b in enumerate(given_boxes)
             ]
         else:
@@ -258,9 +255,8 @@ class Extractor:
         # (N, R) rows of the concatenated RoIs: each image's, then repeats of a row (not valid).
         padded_rows = np.minimum(np.arange(most)[None, :], np.maximum(counts, 1)[:, None] - 1)
         rows = np.minimum(offsets[:-1, None] + padded_rows, offsets[-1] - 1)
-        rows = torch.as_tensor(rows, device=self.device)
-        valid = torch.as_tensor(np.arange(most)[None, :] < np.array(counts)[:, None],
-                                device=self.device)
+        rows = to_device(rows, self.device)
+        valid = to_device(np.arange(most)[None, :] < np.array(counts)[:, None], self.device)
         all_rois = torch.cat(rois).float()
         cls_probs = torch.softmax(head.cls_logits.float(), dim=1)  # (R, C + 1), background last
         attr_logits = head.attr_logits.float()  # (R, A + 1), "no attribute" last
@@ -271,8 +267,8 @@ class Extractor:
         attr_conf, attr_ids = attr_probs.max(dim=1)
 
         if given_boxes is None:
-            sizes = torch.tensor([(im.orig_height, im.orig_width) for im in images],
-                                 dtype=torch.float32, device=self.device)
+            sizes = to_device([(im.orig_height, im.orig_width) for im in images], self.device,
+                              torch.float32)
             height, width = sizes[:, :1], sizes[:, 1:]
             scale = scales[:, None, :]
             # Proposals are clipped to the input; divided by a float32 scale, an edge at the

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -58,13 +58,30 @@ class DecodedImage:
     there, where the cv2 resize gives the same bits; the host then only decodes).
 
     bgr: (H, W, 3) uint8 BGR, as decode_image returns it (pinned where a GPU will copy it).
+    taps: where the resize samples, computed here on the host with the image (in a decoding
+        thread), so that the device only gathers: a few kernels instead of dozens.
     """
 
     bgr: torch.Tensor
     cfg: PreprocessConfig
+    scale: float = field(init=False)
+    taps: Cv2Taps = field(init=False)
+
+    def __post_init__(self):
+        height, width = self.bgr.shape[:2]
+        self.scale = caffe_scale(height, width, self.cfg)
+        self.taps = Cv2Taps.of(height, width, self.scale)
+
+    def pin_memory(self) -> None:
+        """Page-lock the pixels and taps, so that their copies to a GPU do not block."""
+        self.bgr = self.bgr.pin_memory()
+        self.taps = self.taps.to("cpu", pin=True)
 
     def resized(self, device: torch.device | str) -> PreparedImage:
-        return resize_image(self.bgr, self.cfg, device)
+        height, width = self.bgr.shape[:2]
+        pixels = cv2_bilinear(self.bgr.to(device, non_blocking=True), self.scale,
+                              self.taps.to(device))
+        return PreparedImage(pixels, self.scale, self.scale, height, width)
 
 
 def resizes_on_device(cfg: PreprocessConfig) -> bool:
@@ -135,10 +152,10 @@ def resize_image(
     """
     height, width = image_bgr.shape[:2]
     if cfg.resize == "cv2":
-        scale = caffe_scale(height, width, cfg)
         image = torch.as_tensor(image_bgr)
-        if device is not None:
-            image = image.to(device, non_blocking=True)
+        if device is not None:  # the taps computed here, the pixels and taps copied there
+            return DecodedImage(image, cfg).resized(device)
+        scale = caffe_scale(height, width, cfg)
         return PreparedImage(cv2_bilinear(image, scale), scale, scale, height, width)
     if device is not None and not resizes_on_device(cfg):
         raise ValueError(f'resize "{cfg.resize}" runs on the host only (see resizes_on_device)')
@@ -190,7 +207,7 @@ def caffe_scale(height: int, width: int, cfg: PreprocessConfig) -> float:
     return scale
 
 
-def cv2_bilinear(image: torch.Tensor, scale: float) -> torch.Tensor:
+def cv2_bilinear(image: torch.Tensor, scale: float, taps: Cv2Taps | None = None) -> torch.Tensor:
     """cv2.resize(image.astype(float32), None, fx=scale, fy=scale, INTER_LINEAR) as (3, h, w).
 
     image: (H, W, 3), any dtype (gathered before the float conversion), on any device. The output
@@ -198,10 +215,13 @@ def cv2_bilinear(image: torch.Tensor, scale: float) -> torch.Tensor:
     (d + 0.5) / scale - 0.5 (half-pixel centres, the given scale, not the ratio of sizes),
     clamped to the border, weights in float32, a horizontal pass then a vertical one.
     Elementwise torch ops, each rounded once: the same bits on any thread count and device.
+    taps: Cv2Taps.of(H, W, scale) on image's device, when computed beforehand (else here, and
+        copied there).
     """
     height, width = image.shape[:2]
-    x0, x1, wx0, wx1 = _cv2_taps(width, round(width * scale), scale, image.device)
-    y0, y1, wy0, wy1 = _cv2_taps(height, round(height * scale), scale, image.device)
+    if taps is None:
+        taps = Cv2Taps.of(height, width, scale).to(image.device)
+    x0, x1, wx0, wx1, y0, y1, wy0, wy1 = taps.split()
     # Planar (3, H, W) before the gathers: the same products and sums as interleaved pixels
     # (so the same bits), with one cheap uint8 transpose instead of a float32 one at the end.
     planes = image.permute(2, 0, 1).contiguous()
@@ -211,17 +231,51 @@ def cv2_bilinear(image: torch.Tensor, scale: float) -> torch.Tensor:
     return out.add_(rows.index_select(1, y1).mul_(wy1[:, None]))
 
 
-def _cv2_taps(size: int, out: int, scale: float, device: torch.device):
-    """Source indices (left, right) and float32 weights of cv2's linear resize along one axis,
-    computed on `device` (nothing is copied from the host, so nothing waits for the device)."""
-    pos = (torch.arange(out, dtype=torch.float64, device=device) + 0.5) * (1.0 / scale) - 0.5
-    pos = pos.float()
-    left = pos.floor()
+@dataclass
+class Cv2Taps:
+    """Where cv2's linear resize samples the source along both axes (_cv2_taps): the left and
+    right source indices x0, x1, y0, y1 in one int64 tensor, their weights wx0, wx1, wy0, wy1 in
+    one float32 tensor (two copies move them to a device); out_width / out_height long each."""
+
+    index: torch.Tensor
+    weight: torch.Tensor
+    out_width: int
+    out_height: int
+
+    @classmethod
+    def of(cls, height: int, width: int, scale: float) -> Cv2Taps:
+        """The taps of an (height, width) image resized by `scale`, on the host."""
+        x0, x1, wx0, wx1 = _cv2_taps(width, round(width * scale), scale)
+        y0, y1, wy0, wy1 = _cv2_taps(height, round(height * scale), scale)
+        index = torch.from_numpy(np.concatenate((x0, x1, y0, y1)))
+        return cls(index, torch.from_numpy(np.concatenate((wx0, wx1, wy0, wy1))), len(x0), len(y0))
+
+    def to(self, device: torch.device | str, pin: bool = False) -> Cv2Taps:
+        """On `device`, copied without blocking (pin: page-locked host copies instead)."""
+        if pin:
+            return replace(self, index=self.index.pin_memory(), weight=self.weight.pin_memory())
+        return replace(self, index=self.index.to(device, non_blocking=True),
+                       weight=self.weight.to(device, non_blocking=True))
+
+    def split(self) -> tuple[torch.Tensor, ...]:
+        """x0, x1, wx0, wx1, y0, y1, wy0, wy1 (views)."""
+        sizes = (self.out_width,) * 2 + (self.out_height,) * 2
+        x0, x1, y0, y1 = self.index.split(sizes)
+        wx0, wx1, wy0, wy1 = self.weight.split(sizes)
+        return x0, x1, wx0, wx1, y0, y1, wy0, wy1
+
+
+def _cv2_taps(size: int, out: int, scale: float) -> tuple[np.ndarray, ...]:
+    """Source indices (left, right; int64) and float32 weights of cv2's linear resize along one
+    axis. numpy, holding the GIL for a few microseconds: a decoding thread computes them while
+    the detector's thread launches kernels. Each step is one IEEE operation, as in cv2."""
+    pos = ((np.arange(out, dtype=np.float64) + 0.5) * (1.0 / scale) - 0.5).astype(np.float32)
+    left = np.floor(pos)
     frac = pos - left
-    left = left.long()
-    frac = torch.where((left < 0) | (left >= size - 1), 0.0, frac)
-    left = left.clamp(0, size - 1)
-    return left, (left + 1).clamp(max=size - 1), 1.0 - frac, frac
+    left = left.astype(np.int64)
+    frac = np.where((left < 0) | (left >= size - 1), np.float32(0.0), frac)
+    left = left.clip(0, size - 1)
+    return left, np.minimum(left + 1, size - 1), np.float32(1.0) - frac, frac
 
 
 def resized_shape(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:

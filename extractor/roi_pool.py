@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-FLT_MAX = 3.4028234663852886e38  # torchvision's start value for a non-empty bin (-FLT_MAX)
+# torchvision's start value for a non-empty bin is -FLT_MAX (a constexpr, for the kernel to read)
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit

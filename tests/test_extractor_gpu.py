@@ -17,6 +17,7 @@ from extractor.config import DetectorConfig, PreprocessConfig, preset_config
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
 from extractor.preprocess import DecodedImage, resize_image
+from pipeline.bench.dispatch import count_dispatch
 from test_extractor_batching import TINY, _config, _image, _random_detector
 
 pytestmark = [
@@ -155,6 +156,25 @@ def test_cv2_resize_on_the_gpu_has_the_cpus_bits():
         pinned = torch.from_numpy(bgr).pin_memory()
         device = DecodedImage(pinned, cfg).resized("cuda")
         assert device.pixels.is_cuda and torch.equal(device.pixels.cpu(), host.pixels)
+
+
+def test_submit_waits_for_the_device_only_for_the_proposal_counts(images):
+    """Extractor.submit returns while the device still works on the batch: its one host sync is
+    the RPN's proposal counts. Every input (sizes, scales, padding masks, selection rows, decoded
+    pixels and their resize taps) is copied without blocking, since a blocking copy would first
+    wait for every kernel queued before it."""
+    extractor = Extractor(_config("adaptive"), _random_detector(TINY), device="cuda")
+    cfg = PreprocessConfig(min_size=160, max_size=240, resize="cv2")
+    decoded = []
+    for name in ("chelsea", "coffee", "astronaut"):
+        bgr = np.ascontiguousarray(getattr(data, name)()[..., ::-1])
+        decoded.append(DecodedImage(torch.from_numpy(bgr), cfg))
+        decoded[-1].pin_memory()
+    batch = [*images, *decoded]
+    extractor(batch)  # the warm-up: the RPN's NMS prefix settles
+    pending, counts = count_dispatch(lambda: extractor.submit(batch))
+    assert counts.syncs == 1, dict(counts.sync_ops)
+    assert len(extractor.collect(pending)) == len(batch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
