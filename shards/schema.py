@@ -197,6 +197,14 @@ def _meta_problems(meta: dict[str, Any]) -> list[str]:
     return problems
 
 
+def all_finite(arr: np.ndarray) -> bool:
+    """np.isfinite(arr).all(), fast for float16 too (numpy's float16 isfinite is slow, ~8x on
+    region features): a half is inf or nan exactly when its five exponent bits are all ones."""
+    if arr.dtype == np.float16:
+        return not ((arr.view(np.uint16) & 0x7C00) == 0x7C00).any()
+    return bool(np.isfinite(arr).all())
+
+
 def _array_problems(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> list[str]:
     problems = [f"missing array {name!r}" for name in REQUIRED_ARRAYS if name not in arrays]
     problems += [f"unknown array {name!r}" for name in arrays if name not in ARRAY_FIELDS]
@@ -211,7 +219,7 @@ def _array_problems(meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> list
         if arr.shape != shape:
             problems.append(f"{name}: shape {arr.shape} != {shape}")
             continue
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        if arr.dtype.kind == "f" and not all_finite(arr):
             problems.append(f"{name}: {int((~np.isfinite(arr)).sum())} non-finite values")
         if arr.dtype.kind == "i" and (arr < 0).any():
             problems.append(f"{name}: negative ids")

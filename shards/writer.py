@@ -14,7 +14,6 @@ and group names): identical samples in identical order give byte-identical shard
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -57,6 +56,27 @@ def sample_digest(members: list[tuple[str, bytes]]) -> str:
     return h.hexdigest()
 
 
+def tar_member(name: str, payload: bytes) -> bytes:
+    """One member of a shard, as tarfile.TarFile.addfile writes it in the PAX format: header,
+    payload, zeros to the next 512-byte block; the header's fields are deterministic (mtime 0,
+    uid/gid 0, mode 0644, empty user and group names)."""
+    info = tarfile.TarInfo(name)
+    info.size = len(payload)
+    info.mtime = 0
+    info.mode = 0o644
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    return b"".join((header, payload, bytes(-len(payload) % tarfile.BLOCKSIZE)))
+
+
+def tar_end(size: int) -> bytes:
+    """What tarfile.TarFile.close appends to a tar of `size` bytes: two zero blocks, then zeros
+    to a whole record (20 blocks)."""
+    size += 2 * tarfile.BLOCKSIZE
+    return bytes(2 * tarfile.BLOCKSIZE + (-size % tarfile.RECORDSIZE))
+
+
 class _HashingFile:
     """Write-only file wrapper that computes the sha256 of everything written (no re-read)."""
 
@@ -96,7 +116,6 @@ class ShardWriter:
         self._seen: set[str] = set()
         self._file = open(self.tmp_path, "wb")
         self._hashing = _HashingFile(self._file)
-        self._tar = tarfile.open(fileobj=self._hashing, mode="w", format=tarfile.PAX_FORMAT)
         self._closed = False
 
     def write(self, sample: Sample) -> None:
@@ -108,14 +127,8 @@ class ShardWriter:
             raise SchemaError(f"{sample.key}: duplicate key in shard {self.name}")
         self._seen.add(sample.key)
         members = encode_sample(sample)
-        for member_name, payload in members:
-            info = tarfile.TarInfo(member_name)
-            info.size = len(payload)
-            info.mtime = 0
-            info.mode = 0o644
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            self._tar.addfile(info, io.BytesIO(payload))
+        # One write (and one pass of the shard's hash) for the whole sample.
+        self._hashing.write(b"".join(tar_member(name, payload) for name, payload in members))
         self.keys.append(sample.key)
         self.digests.append(sample_digest(members))
 
@@ -133,7 +146,7 @@ class ShardWriter:
         if self._closed:
             raise RuntimeError(f"shard {self.name} already closed")
         self._closed = True
-        self._tar.close()
+        self._hashing.write(tar_end(self._hashing.nbytes))
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()

@@ -11,6 +11,7 @@ import pytest
 from shards.schema import (
     Sample,
     SchemaError,
+    all_finite,
     build_sample,
     decode_sample,
     encode_sample,
@@ -112,6 +113,8 @@ def _problems_after(mutate) -> list[str]:
     ("mutate", "expected"),
     [
         (lambda s: s.arrays["features"].__setitem__((0, 0), np.nan), "features: 1 non-finite"),
+        (lambda s: s.arrays["features"].__setitem__((1, slice(2)), [np.inf, -np.inf]),
+         "features: 2 non-finite"),
         (lambda s: s.arrays["boxes"].__setitem__((2, 2), 64.5), "boxes: 1 outside the 64x48 image, first at row 2"),
         (lambda s: s.arrays["boxes"].__setitem__((1, 1), -0.1), "outside"),
         (lambda s: s.arrays["boxes"].__setitem__(0, [5, 5, 4, 6]), "x1 > x2"),
@@ -133,6 +136,14 @@ def _problems_after(mutate) -> list[str]:
 def test_validate_reports_problem(mutate, expected):
     problems = _problems_after(mutate)
     assert any(expected in p for p in problems), problems
+
+
+def test_float16_finiteness_by_exponent_bits_is_numpys_for_every_half():
+    halves = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = np.isfinite(halves)
+    assert finite.sum() == (1 << 16) - 2 * 1024  # +-inf and 2046 nans
+    assert [all_finite(h) for h in halves[:, None]] == finite.tolist()
+    assert all_finite(halves[finite]) and not all_finite(halves)
 
 
 def test_validate_reports_every_problem():

@@ -16,7 +16,7 @@ from test_shards_schema import assert_samples_equal, random_sample
 
 import shards.writer
 from shards.reader import ShardDataset, iter_samples
-from shards.schema import SchemaError
+from shards.schema import SchemaError, encode_sample
 from shards.writer import ShardWriter, completed_shards, write_manifest
 
 
@@ -48,6 +48,27 @@ def test_identical_inputs_give_identical_bytes(tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
     write_shards(tmp_path / "c", seed=1)
     assert (tmp_path / "a" / "00000.tar").read_bytes() != (tmp_path / "c" / "00000.tar").read_bytes()
+
+
+def test_shards_are_the_tars_pythons_tarfile_writes(tmp_path):
+    """The writer lays out members itself (one write per sample); the bytes are tarfile's own,
+    PAX format, for short names and for names too long for a plain header."""
+    rng = np.random.default_rng(3)
+    samples = [random_sample(rng, "short", image=True),
+               random_sample(rng, "a-long-image-id-" * 12, cls_probs=True)]
+    with ShardWriter(tmp_path, "00000") as writer:
+        for sample in samples:
+            writer.write(sample)
+    expected = io.BytesIO()
+    with tarfile.open(fileobj=expected, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for sample in samples:
+            for name, payload in encode_sample(sample):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime, info.mode = len(payload), 0, 0o644
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                tar.addfile(info, io.BytesIO(payload))
+    assert (tmp_path / "00000.tar").read_bytes() == expected.getvalue()
 
 
 def test_stats_and_manifest_describe_the_tars(tmp_path):

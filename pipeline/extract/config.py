@@ -39,8 +39,9 @@ class EngineConfig:
     precision: autocast on GPU.
     batch_size: images per detector batch, cut from the start of each shard.
     decode_threads: the local engine's decoding threads. None = 2 when the detector runs on the
-        CPU (they share its cores), else one per CPU this process may use, up to 16 (decoding and
-        resizing take ~8 ms of CPU per image at 600/1000: 250 images/s need 2-5 cores).
+        CPU (they share its cores), else one per CPU this process may use, up to 8 (decoding takes
+        ~4 ms of CPU per image at 600/1000, so 250 images/s need about 1-2 cores; on an H200,
+        16 threads were no faster than 8: docs/performance.md).
     actors, gpus_per_actor, decoders: the Ray engine's detector actors, GPUs each (fractions share
         a GPU) and decode tasks. None = from the cluster's resources: gpus_per_actor 1 if it has
         GPUs (else 0), one actor per GPU (else 1 CPU actor), decoders = the CPUs left (at least 1).

@@ -82,7 +82,7 @@ class LocalEngine:
             return self.job.run.decode_threads
         if self.extractor.device.type == "cpu":
             return 2
-        return max(1, min(16, len(os.sched_getaffinity(0))))
+        return max(1, min(8, len(os.sched_getaffinity(0))))
 
     def _prepared(self, pool: ThreadPoolExecutor, units: list[Unit]) -> Iterator[list[Prepared]]:
         pending: deque = deque()
