@@ -160,9 +160,11 @@ def test_cv2_resize_on_the_gpu_has_the_cpus_bits():
 
 def test_submit_waits_for_the_device_only_for_the_proposal_counts(images):
     """Extractor.submit returns while the device still works on the batch: its one host sync is
-    the RPN's proposal counts. Every input (sizes, scales, padding masks, selection rows, decoded
-    pixels and their resize taps) is copied without blocking, since a blocking copy would first
-    wait for every kernel queued before it."""
+    the RPN's proposal counts, an event's wait. Every input (sizes, scales, padding masks,
+    selection rows, decoded pixels and their resize taps) is copied without blocking, since a
+    blocking copy would first wait for every kernel queued before it. The dispatch mode misses
+    copies made by torch.tensor(list, device=...) inside C++, so CUDA's sync debug mode checks
+    too: it raises on every synchronizing call except an event's wait."""
     extractor = Extractor(_config("adaptive"), _random_detector(TINY), device="cuda")
     cfg = PreprocessConfig(min_size=160, max_size=240, resize="cv2")
     decoded = []
@@ -174,6 +176,12 @@ def test_submit_waits_for_the_device_only_for_the_proposal_counts(images):
     extractor(batch)  # the warm-up: the RPN's NMS prefix settles
     pending, counts = count_dispatch(lambda: extractor.submit(batch))
     assert counts.syncs == 1, dict(counts.sync_ops)
+    assert len(extractor.collect(pending)) == len(batch)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        pending = extractor.submit(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
     assert len(extractor.collect(pending)) == len(batch)
 
 

@@ -7,12 +7,14 @@
   (`_local_scalar_dense`: `.item()`, `bool()`, `int()`), ops whose output size depends on the data
   (`nonzero`, `masked_select`, boolean-mask indexing, `unique`, `repeat_interleave` with tensor
   repeats, torchvision's `nms`, whose CUDA kernel reads its mask on the host), `equal` (returns a
-  Python bool), blocking copies between the host and a GPU (either way: a tensor made from Python
-  data for a GPU waits too; `non_blocking` ones do not), and the waits of `extractor.host.fetch`
-  (profiler ranges named "host sync: ...": its non-blocking copies are not waits themselves).
+  Python bool), blocking copies between the host and a GPU (either way; `non_blocking` ones do
+  not wait), and the waits of `extractor.host.fetch` (profiler ranges named "host sync: ...": its
+  non-blocking copies are not waits themselves).
 The counts are the same on any device for the same code path, except the copies between host and
 device, which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are
-not seen.
+not seen, and neither is the copy inside `torch.tensor(data, device=...)` or
+`torch.as_tensor(data, device=...)` of Python lists (made in C++ below the dispatcher), though it
+waits too: on a GPU, `torch.cuda.set_sync_debug_mode("error")` catches those.
 """
 
 from __future__ import annotations
