@@ -72,10 +72,10 @@ class DecodedImage:
         self.scale = caffe_scale(height, width, self.cfg)
         self.taps = Cv2Taps.of(height, width, self.scale)
 
-    def pin_memory(self) -> None:
-        """Page-lock the pixels and taps, so that their copies to a GPU do not block."""
+    def pin(self) -> None:
+        """Page-lock the pixels and taps, in place, so that their copies to a GPU do not block."""
         self.bgr = self.bgr.pin_memory()
-        self.taps = self.taps.to("cpu", pin=True)
+        self.taps = self.taps.pin_memory()
 
     def resized(self, device: torch.device | str) -> PreparedImage:
         height, width = self.bgr.shape[:2]
@@ -250,10 +250,12 @@ class Cv2Taps:
         index = torch.from_numpy(np.concatenate((x0, x1, y0, y1)))
         return cls(index, torch.from_numpy(np.concatenate((wx0, wx1, wy0, wy1))), len(x0), len(y0))
 
-    def to(self, device: torch.device | str, pin: bool = False) -> Cv2Taps:
-        """On `device`, copied without blocking (pin: page-locked host copies instead)."""
-        if pin:
-            return replace(self, index=self.index.pin_memory(), weight=self.weight.pin_memory())
+    def pin_memory(self) -> Cv2Taps:
+        """A page-locked copy, which a GPU copies from without blocking."""
+        return replace(self, index=self.index.pin_memory(), weight=self.weight.pin_memory())
+
+    def to(self, device: torch.device | str) -> Cv2Taps:
+        """On `device`, copied without blocking."""
         return replace(self, index=self.index.to(device, non_blocking=True),
                        weight=self.weight.to(device, non_blocking=True))
 

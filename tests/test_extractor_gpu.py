@@ -171,7 +171,7 @@ def test_submit_waits_for_the_device_only_for_the_proposal_counts(images):
     for name in ("chelsea", "coffee", "astronaut"):
         bgr = np.ascontiguousarray(getattr(data, name)()[..., ::-1])
         decoded.append(DecodedImage(torch.from_numpy(bgr), cfg))
-        decoded[-1].pin_memory()
+        decoded[-1].pin()
     batch = [*images, *decoded]
     extractor(batch)  # the warm-up: the RPN's NMS prefix settles
     pending, counts = count_dispatch(lambda: extractor.submit(batch))

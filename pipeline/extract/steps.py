@@ -104,7 +104,7 @@ def ship_pixels(items: list[Prepared], preprocess: PreprocessConfig, pin: bool) 
             continue
         if isinstance(image, DecodedImage):  # uint8 already
             if pin:
-                image.pin_memory()
+                image.pin()
             continue
         if preprocess.resize == "pil":
             image.pixels = image.pixels.to(torch.uint8)
