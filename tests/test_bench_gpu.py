@@ -13,6 +13,12 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert [(r["batch"], r["precision"]) for r in report["extraction"]] == [(1, "fp32"),
                                                                              (2, "fp32")]
     assert all(r["images_per_s"] > 0 and r["syncs_per_image"] > 0 for r in report["extraction"])
+    profile, = report["profile"]  # --quick: one batch of 2, fp32, each op's own CPU time
+    assert (profile["batch"], profile["precision"]) == (2, "fp32")
+    shares = [k["share"] for k in profile["kernels"]]
+    assert shares == sorted(shares[:-1], reverse=True) + shares[-1:] and abs(sum(shares) - 1) < 1e-9
+    assert "aten::" in profile["kernels"][0]["name"] and profile["busy"] is None
+    assert 0 < profile["device_ms_per_image"] and 0 < profile["wall_ms_per_image"]
     assert [r["model"] for r in report["training"]["results"]][0].startswith("ours")
     end_to_end = report["end_to_end"]  # --quick: the world detector and VL-BERT tiny, batch 2
     assert (end_to_end["settings"]["size"], end_to_end["settings"]["device"]) == ("tiny", "cpu")
@@ -21,6 +27,7 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     text = (tmp_path / "gpu_suite.md").read_text()
     assert "## Extraction" in text and "| local | 2 | fp32 |" in text and "samples/s" in text
     assert "python -m pipeline.bench.gpu --quick" in text
+    assert "## Where the detector's time goes" in text and "fp32, batch 2: " in text
     assert "## End-to-end training" in text and "trunk weights changed" in text
 
 

@@ -6,10 +6,13 @@
 2. `pipeline bench extract` of the real R101 at 600/1000 (the caffe preset) with random weights
    whose scores are peaked like a trained detector's, batches 1, 8, 16, 32 in bf16 and fp32
    (`--compile`: one more row, bf16 at batch 32 with the RoI head compiled, run.compile);
-3. `python -m pipeline.bench.model --loop`: our LXMERT training step against transformers', and
+3. where the detector's time goes: the Extractor alone under torch's profiler, bf16 at batches
+   16 and 32 (pipeline/bench/extract_profile.py): each kernel's time per batch and per image, and
+   how busy the GPU was;
+4. `python -m pipeline.bench.model --loop`: our LXMERT training step against transformers', and
    the whole pretraining loop (data, batch building, copy, objective, model, optimizer) against
    the same model and objective on a resident batch (`--compile`: with run.compile);
-4. `pipeline bench end-to-end`: one training step of VL-BERT-base with the real R101 trained end
+5. `pipeline bench end-to-end`: one training step of VL-BERT-base with the real R101 trained end
    to end (random weights), batches 8 and 16 of 600x800 photos in bf16: images/s, peak memory,
    the front end's share of the step.
 
@@ -22,17 +25,25 @@ repository on its path; `--quick` makes every part small, to check the suite its
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from pipeline.bench import end_to_end, loop, model
-from pipeline.bench.extract import bench_extract, format_table, hardware
+from pipeline.bench.extract import (
+    bench_extract, bench_refs, first_good_images, format_table, hardware,
+)
+from pipeline.bench.extract_profile import format_profile, profile_detector
+from pipeline.bench.peaked import peaked_weights
+from pipeline.common.assets import SAMPLE_IMAGES
+from pipeline.extract.config import resolve_job
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,9 +69,12 @@ def gpu_tests(quick: bool) -> dict:
     return {"ran": True, "exit_code": done.returncode, "summary": lines[-1] if lines else ""}
 
 
+QUICK_DETECTOR = ["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"]
+
+
 def extraction(quick: bool, device: str | None, compiled: bool = False) -> list[dict]:
     """The extraction rows; `compiled` adds one with run.compile (bf16, the largest batch)."""
-    sets = ["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"] if quick else []
+    sets = QUICK_DETECTOR if quick else []
     args = argparse.Namespace(
         weights=None, random_weights=True, scores="peaked", images=None, ray=False, json=None,
         num_images=4 if quick else 320, batch_sizes="1,2" if quick else "1,8,16,32",
@@ -74,6 +88,23 @@ def extraction(quick: bool, device: str | None, compiled: bool = False) -> list[
             **vars(args) | {"batch_sizes": largest, "precisions": precision,
                             "sets": sets + ["run.compile=true"]}
         ))
+    return rows
+
+
+def detector_profiles(quick: bool, device: str | None) -> list[dict]:
+    """profile_detector of the peaked random R101 in bf16 at batches 16 and 32 (--quick: the
+    small detector in fp32 at batch 2)."""
+    job = resolve_job(None, QUICK_DETECTOR if quick else [], device=device)
+    refs = bench_refs(SAMPLE_IMAGES, 40)
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        weights = str(peaked_weights(job, first_good_images(job, refs, 8),
+                                     Path(scratch) / "peaked.safetensors"))
+        for batch in (2,) if quick else (16, 32):
+            run = dataclasses.replace(job.run, batch_size=batch,
+                                      precision="fp32" if quick else "bf16")
+            rows.append(profile_detector(dataclasses.replace(job, run=run), refs, weights,
+                                         batches=2 if quick else 4))
     return rows
 
 
@@ -115,6 +146,8 @@ def write_report(report: dict, out: Path) -> str:
         "GPU tests: " + (tests["summary"] if tests["ran"] else f"not run ({tests['why']})"), "",
         "## Extraction: real R101 at 600/1000, random weights with peaked scores", "",
         format_table(report["extraction"]), "",
+        "## Where the detector's time goes (the Extractor alone, profiled)", "",
+        *(format_profile(row) + "\n" for row in report["profile"]),
         "## Training: our LXMERT against transformers', and the pretraining loop", "",
         model.format_report(report["training"]), "",
         loop.format_loop(report["training"]["loop"]), "",
@@ -145,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
               "hardware": hardware(), "date": time.strftime("%Y-%m-%d", time.gmtime(started))}
     report["tests"] = gpu_tests(args.quick)
     report["extraction"] = extraction(args.quick, args.device, args.compile)
+    report["profile"] = detector_profiles(args.quick, args.device)
     report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json",
                                   args.compile)
     report["end_to_end"] = end_to_end_training(args.quick, args.device)
