@@ -69,6 +69,11 @@ def test_shards_are_the_tars_pythons_tarfile_writes(tmp_path):
                 info.uname = info.gname = ""
                 tar.addfile(info, io.BytesIO(payload))
     assert (tmp_path / "00000.tar").read_bytes() == expected.getvalue()
+    with ShardWriter(tmp_path, "00001") as writer:  # only failures: an empty archive
+        writer.add_failure("a.jpg", "truncated")
+    empty = io.BytesIO()
+    tarfile.open(fileobj=empty, mode="w", format=tarfile.PAX_FORMAT).close()
+    assert (tmp_path / "00001.tar").read_bytes() == empty.getvalue()
 
 
 def test_stats_and_manifest_describe_the_tars(tmp_path):
