@@ -56,10 +56,11 @@ def sample_digest(members: list[tuple[str, bytes]]) -> str:
     return h.hexdigest()
 
 
-def tar_member(name: str, payload: bytes) -> bytes:
-    """One member of a shard, as tarfile.TarFile.addfile writes it in the PAX format: header,
-    payload, zeros to the next 512-byte block; the header's fields are deterministic (mtime 0,
-    uid/gid 0, mode 0644, empty user and group names)."""
+def tar_member(name: str, payload: bytes) -> tuple[bytes, bytes, bytes]:
+    """One member of a shard, as tarfile.TarFile.addfile writes it in the PAX format, in three
+    parts to be joined once with the sample's others: header, payload, zeros to the next
+    512-byte block. The header's fields are deterministic (mtime 0, uid/gid 0, mode 0644, empty
+    user and group names)."""
     info = tarfile.TarInfo(name)
     info.size = len(payload)
     info.mtime = 0
@@ -67,7 +68,7 @@ def tar_member(name: str, payload: bytes) -> bytes:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     header = info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
-    return b"".join((header, payload, bytes(-len(payload) % tarfile.BLOCKSIZE)))
+    return header, payload, bytes(-len(payload) % tarfile.BLOCKSIZE)
 
 
 def tar_end(size: int) -> bytes:
@@ -128,7 +129,9 @@ class ShardWriter:
         self._seen.add(sample.key)
         members = encode_sample(sample)
         # One write (and one pass of the shard's hash) for the whole sample.
-        self._hashing.write(b"".join(tar_member(name, payload) for name, payload in members))
+        self._hashing.write(b"".join(
+            part for name, payload in members for part in tar_member(name, payload)
+        ))
         self.keys.append(sample.key)
         self.digests.append(sample_digest(members))
 

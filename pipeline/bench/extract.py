@@ -177,7 +177,15 @@ def same_samples(a: Path, b: Path) -> bool:
     return digests(a) == digests(b)
 
 
-def bench_extract(args) -> list[dict]:
+def peaked_bench_weights(job: ExtractJobConfig, refs: list[ImageRef], path: Path) -> str:
+    """--scores peaked: the job's random detector, its class logits scaled on the first 8 good
+    images of `refs` (pipeline/bench/peaked.py), saved to `path`."""
+    return str(peaked_weights(job, first_good_images(job, refs, 8), path))
+
+
+def bench_extract(args, peaked: str | None = None) -> list[dict]:
+    """The rows of `pipeline bench extract`. peaked: with --scores peaked, those weights when
+    already made by peaked_bench_weights for the same detector (the GPU suite makes them once)."""
     weights = chosen_weights(args)
     folder = Path(args.images) if args.images else SAMPLE_IMAGES
     refs = bench_refs(folder, args.num_images)
@@ -187,9 +195,10 @@ def bench_extract(args) -> list[dict]:
             if weights is not None:
                 raise ConfigError("--scores peaked scales a random detector: use it with "
                                   "--random-weights (real weights give real scores)")
-            job = resolve_job(args.config, args.sets, device=args.device)
-            images = first_good_images(job, refs, 8)
-            weights = str(peaked_weights(job, images, Path(scratch) / "peaked.safetensors"))
+            weights = peaked or peaked_bench_weights(
+                resolve_job(args.config, args.sets, device=args.device), refs,
+                Path(scratch) / "peaked.safetensors",
+            )
         return _bench_settings(args, refs, engines, weights)
 
 

@@ -38,10 +38,9 @@ import torch
 
 from pipeline.bench import end_to_end, loop, model
 from pipeline.bench.extract import (
-    bench_extract, bench_refs, first_good_images, format_table, hardware,
+    bench_extract, bench_refs, format_table, hardware, peaked_bench_weights,
 )
 from pipeline.bench.extract_profile import format_profile, profile_detector
-from pipeline.bench.peaked import peaked_weights
 from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.extract.config import resolve_job
 
@@ -72,39 +71,45 @@ def gpu_tests(quick: bool) -> dict:
 QUICK_DETECTOR = ["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"]
 
 
-def extraction(quick: bool, device: str | None, compiled: bool = False) -> list[dict]:
-    """The extraction rows; `compiled` adds one with run.compile (bf16, the largest batch)."""
+def suite_weights(quick: bool, device: str | None, scratch: str) -> str:
+    """The random detector with peaked scores that every extraction part of the suite runs (the
+    real R101; --quick: a small one), made once into `scratch`."""
+    job = resolve_job(None, QUICK_DETECTOR if quick else [], device=device)
+    return peaked_bench_weights(job, bench_refs(SAMPLE_IMAGES, 40),
+                                Path(scratch) / "peaked.safetensors")
+
+
+def extraction(quick: bool, device: str | None, weights: str,
+               compiled: bool = False) -> list[dict]:
+    """The extraction rows of `weights` (suite_weights); `compiled` adds one with run.compile
+    (bf16, the largest batch)."""
     sets = QUICK_DETECTOR if quick else []
     args = argparse.Namespace(
         weights=None, random_weights=True, scores="peaked", images=None, ray=False, json=None,
         num_images=4 if quick else 320, batch_sizes="1,2" if quick else "1,8,16,32",
         precisions="fp32" if quick else "bf16,fp32", device=device, config=None, sets=sets,
     )
-    rows = bench_extract(args)
+    rows = bench_extract(args, peaked=weights)
     if compiled:
         largest = args.batch_sizes.split(",")[-1]
         precision = "fp32" if quick else "bf16"
         rows += bench_extract(argparse.Namespace(
             **vars(args) | {"batch_sizes": largest, "precisions": precision,
                             "sets": sets + ["run.compile=true"]}
-        ))
+        ), peaked=weights)
     return rows
 
 
-def detector_profiles(quick: bool, device: str | None) -> list[dict]:
-    """profile_detector of the peaked random R101 in bf16 at batches 16 and 32 (--quick: the
+def detector_profiles(quick: bool, device: str | None, weights: str) -> list[dict]:
+    """profile_detector of `weights` (suite_weights) in bf16 at batches 16 and 32 (--quick: the
     small detector in fp32 at batch 2)."""
     job = resolve_job(None, QUICK_DETECTOR if quick else [], device=device)
     refs = bench_refs(SAMPLE_IMAGES, 40)
     rows = []
-    with tempfile.TemporaryDirectory() as scratch:
-        weights = str(peaked_weights(job, first_good_images(job, refs, 8),
-                                     Path(scratch) / "peaked.safetensors"))
-        for batch in (2,) if quick else (16, 32):
-            run = dataclasses.replace(job.run, batch_size=batch,
-                                      precision="fp32" if quick else "bf16")
-            rows.append(profile_detector(dataclasses.replace(job, run=run), refs, weights,
-                                         batches=2 if quick else 4))
+    for batch in (2,) if quick else (16, 32):
+        run = dataclasses.replace(job.run, batch_size=batch, precision="fp32" if quick else "bf16")
+        rows.append(profile_detector(dataclasses.replace(job, run=run), refs, weights,
+                                     batches=2 if quick else 4))
     return rows
 
 
@@ -177,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python -m pipeline.bench.gpu " + " ".join(argv or sys.argv[1:]),
               "hardware": hardware(), "date": time.strftime("%Y-%m-%d", time.gmtime(started))}
     report["tests"] = gpu_tests(args.quick)
-    report["extraction"] = extraction(args.quick, args.device, args.compile)
-    report["profile"] = detector_profiles(args.quick, args.device)
+    with tempfile.TemporaryDirectory() as scratch:
+        weights = suite_weights(args.quick, args.device, scratch)
+        report["extraction"] = extraction(args.quick, args.device, weights, args.compile)
+        report["profile"] = detector_profiles(args.quick, args.device, weights)
     report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json",
                                   args.compile)
     report["end_to_end"] = end_to_end_training(args.quick, args.device)
