@@ -49,6 +49,12 @@ class PendingBatch:
     scales: torch.Tensor | None = None
     rows: dict = field(default_factory=dict)
 
+    def ready(self) -> None:
+        """Blocks until the batch's results are on the host (a host sync); `Extractor.collect`
+        then waits for the device only where an image's selection is finished alone."""
+        if self.transfer is not None:
+            self.transfer.ready()
+
 
 class _StageClock:
     """Seconds per stage (STAGES) of one batch: on CUDA from events in the device's stream, read

@@ -35,11 +35,16 @@ class Transfer:
             event.record(torch.cuda.current_stream(device))
             self._events.append(event)
 
+    def ready(self) -> None:
+        """Blocks the host until the copies have reached it (a host sync; `wait` then does not
+        wait again)."""
+        for event in self._events:
+            event.synchronize()
+
     def wait(self, why: str) -> dict[str, np.ndarray]:
         """{name: numpy array}, after one host sync."""
         with torch.profiler.record_function(f"{SYNC_RANGE}: {why}"):
-            for event in self._events:
-                event.synchronize()
+            self.ready()
             return {name: t.numpy() for name, t in self._copies.items()}
 
 

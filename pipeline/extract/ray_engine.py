@@ -2,7 +2,9 @@
 
     units (driver) -> decode_unit: read, decode, resize each image (CPU tasks, `decoders` at a time)
                    -> UnitDetector: the unit's good images as one batch (actor pool: `actors`
-                      actors with `gpus_per_actor` GPUs each; the detector is loaded once per actor)
+                      actors with `gpus_per_actor` GPUs each; the detector is loaded once per actor;
+                      two calls at once per actor, so that one submits its batch while the other
+                      waits for the device and ships its results)
                    -> driver: ShardSink writes each shard in plan order and closes it after its
                       last unit; extract.log gets the units each node detected
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -42,7 +45,7 @@ from pipeline.common.ray_session import ray_session
 from pipeline.extract.config import EngineConfig, ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
-from pipeline.extract.steps import detect_batch, prepare, ship_pixels
+from pipeline.extract.steps import finish_batch, prepare, ship_pixels, submit_batch
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,15 @@ def decode_unit(
 
 
 class UnitDetector:
-    """Detect stage: loads the detector once, then maps a decoded unit to its detected unit."""
+    """Detect stage: loads the detector once, then maps a decoded unit to its detected unit.
+
+    Ray runs two calls at once in an actor (CALLS, in threads), as the local engine submits the
+    next batch before it collects the current one: while one call waits for the device, the
+    other unpickles and pins its unit and queues it on the device, so a GPU does not idle between
+    units. The Extractor itself is used by one call at a time (`lock`); only the wait is shared.
+    """
+
+    CALLS = 2
 
     def __init__(
         self, job: ExtractJobConfig, weights: str | None, detector: dict, layout: RayLayout
@@ -122,14 +133,19 @@ class UnitDetector:
         if loaded != detector:
             raise RuntimeError(f"an actor loaded detector {loaded}, not the run's {detector}")
         self.preprocess = job.preprocess
+        self.lock = threading.Lock()
 
     def __call__(self, row: dict) -> dict:
         items = pickle.loads(row["payload"])
         # Pinned here (the object store cannot carry pinned memory): a GPU copies pinned pixels
         # without waiting for the work already queued, pageable ones only after it.
         ship_pixels(items, self.preprocess, pin=self.extractor.device.type == "cuda")
+        with self.lock:
+            flight = submit_batch(self.extractor, items)
+        flight.ready()  # outside the lock: the other call submits its unit meanwhile
         seconds: Counter = Counter()
-        detect_batch(self.extractor, items, seconds)
+        with self.lock:
+            finish_batch(self.extractor, flight, seconds)
         payload = pickle.dumps((items, dict(seconds)), pickle.HIGHEST_PROTOCOL)
         return {"unit": row["unit"], "payload": payload, "node": self.node}
 
@@ -198,7 +214,11 @@ class RayEngine:
             .map(
                 UnitDetector,
                 fn_constructor_args=(self.job, self.weights, self.detector, layout),
-                compute=ActorPoolStrategy(size=layout.actors),
+                compute=ActorPoolStrategy(
+                    size=layout.actors,
+                    max_concurrent_calls_per_actor=UnitDetector.CALLS,
+                    enable_true_multi_threading=True,
+                ),
                 num_cpus=1,
                 num_gpus=layout.gpus_per_actor,
             )

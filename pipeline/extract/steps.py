@@ -121,6 +121,11 @@ class InFlight:
     pending: PendingBatch | None = None
     error: Exception | None = None
 
+    def ready(self) -> None:
+        """Waits until the batch's results are on the host (PendingBatch.ready)."""
+        if self.pending is not None:
+            self.pending.ready()
+
 
 def submit_batch(extractor: Extractor, items: list[Prepared]) -> InFlight:
     """Submit the batch's good images to the Extractor as one batch (Extractor.submit)."""
