@@ -1,6 +1,7 @@
 """A padded batch must give what one call per image gives (features, boxes, probabilities)."""
 
 import dataclasses
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -290,3 +291,41 @@ def test_images_resized_in_the_extractor_give_the_same_regions(model, tmp_path):
         np.testing.assert_array_equal(a.boxes_xyxy_abs, b.boxes_xyxy_abs)
     pil = prepare(refs[0], dataclasses.replace(cfg, resize="pil"), device_resize=True)
     assert isinstance(pil.image, PreparedImage)
+
+
+def shared_extractor_matches_one_thread(
+    extractor: Extractor, images: list, rtol: float = 0.0
+) -> None:
+    """Batches detected by two threads through one SharedExtractor (the Ray engine's actor, two
+    calls at once) get the regions of the same batches detected one after another (exactly, or
+    to `rtol` where the device's kernels may differ from one call to the next)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from pipeline.extract.steps import Prepared, SharedExtractor, detect_batch
+
+    picks = [(0, 1), (2,), (1, 2, 0), (0,), (2, 0), (1,)]
+
+    def batch(pick):
+        return [Prepared(ref=None, image=dataclasses.replace(images[i])) for i in pick]
+
+    alone = []
+    for pick in picks:
+        detect_batch(extractor, items := batch(pick), Counter())
+        alone.append(items)
+    shared = SharedExtractor(extractor)
+    together = [batch(pick) for pick in picks]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(lambda items: shared.detect(items, Counter()), together))
+    for one, two in zip(alone, together):
+        for a, b in zip(one, two):
+            assert a.error is None and b.error is None
+            np.testing.assert_array_equal(a.features.object_ids, b.features.object_ids)
+            for field in ("features", "boxes_xyxy_abs"):
+                np.testing.assert_allclose(
+                    getattr(a.features, field), getattr(b.features, field), rtol=rtol, atol=0
+                )
+
+
+def test_threads_sharing_an_extractor_get_their_own_batches_regions(model, images):
+    shared_extractor_matches_one_thread(
+        Extractor(_config("adaptive", min_boxes=5, max_boxes=20), model), images
+    )

@@ -18,7 +18,9 @@ from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
 from extractor.preprocess import DecodedImage, resize_image
 from pipeline.bench.dispatch import count_dispatch
-from test_extractor_batching import TINY, _config, _image, _random_detector
+from test_extractor_batching import (
+    TINY, _config, _image, _random_detector, shared_extractor_matches_one_thread,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,6 +62,15 @@ def test_cuda_batched_equals_one_by_one(images):
         alone = extractor([image])[0]
         np.testing.assert_array_equal(alone.object_ids, together.object_ids)
         np.testing.assert_allclose(alone.boxes_xyxy_abs, together.boxes_xyxy_abs, rtol=1e-4)
+
+
+def test_threads_sharing_an_extractor_on_the_gpu(images):
+    """The Ray actor's two calls at once on a GPU: one thread submits while the other waits for
+    its batch's copy (an event in the same stream); each gets its own batch's regions."""
+    extractor = Extractor(
+        _config("adaptive", min_boxes=5, max_boxes=20), _random_detector(TINY), device="cuda"
+    )
+    shared_extractor_matches_one_thread(extractor, images, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -45,7 +44,7 @@ from pipeline.common.ray_session import ray_session
 from pipeline.extract.config import EngineConfig, ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
-from pipeline.extract.steps import finish_batch, prepare, ship_pixels, submit_batch
+from pipeline.extract.steps import SharedExtractor, prepare, ship_pixels
 
 
 @dataclass(frozen=True)
@@ -112,8 +111,8 @@ class UnitDetector:
 
     Ray runs two calls at once in an actor (CALLS, in threads), as the local engine submits the
     next batch before it collects the current one: while one call waits for the device, the
-    other unpickles and pins its unit and queues it on the device, so a GPU does not idle between
-    units. The Extractor itself is used by one call at a time (`lock`); only the wait is shared.
+    other unpickles and pins its unit and queues it on the device (SharedExtractor), so a GPU
+    does not idle between units.
     """
 
     CALLS = 2
@@ -129,23 +128,20 @@ class UnitDetector:
         self.node = ray.util.get_node_ip_address()  # named in each row it detects
         if layout.torch_threads:
             torch.set_num_threads(layout.torch_threads)
-        self.extractor, loaded = build_extractor(job, weights, layout.device)
+        extractor, loaded = build_extractor(job, weights, layout.device)
         if loaded != detector:
             raise RuntimeError(f"an actor loaded detector {loaded}, not the run's {detector}")
+        self.detector = SharedExtractor(extractor)
+        self.pin = extractor.device.type == "cuda"
         self.preprocess = job.preprocess
-        self.lock = threading.Lock()
 
     def __call__(self, row: dict) -> dict:
         items = pickle.loads(row["payload"])
         # Pinned here (the object store cannot carry pinned memory): a GPU copies pinned pixels
         # without waiting for the work already queued, pageable ones only after it.
-        ship_pixels(items, self.preprocess, pin=self.extractor.device.type == "cuda")
-        with self.lock:
-            flight = submit_batch(self.extractor, items)
-        flight.ready()  # outside the lock: the other call submits its unit meanwhile
+        ship_pixels(items, self.preprocess, pin=self.pin)
         seconds: Counter = Counter()
-        with self.lock:
-            finish_batch(self.extractor, flight, seconds)
+        self.detector.detect(items, seconds)
         payload = pickle.dumps((items, dict(seconds)), pickle.HIGHEST_PROTOCOL)
         return {"unit": row["unit"], "payload": payload, "node": self.node}
 

@@ -3,18 +3,20 @@
 `prepare` reads, decodes and resizes one image; a bad image becomes an error, never an exception.
 `detect_batch` runs a batch's good images through the Extractor as one call; `submit_batch` and
 `finish_batch` are its two halves, so that an engine can submit the next batch before it finishes
-this one. Both engines cut
-the same batches (see `pipeline.extract.plan.plan_units`) and call these same functions, so they
-write the same samples: the in-process engine from threads and one Extractor, the Ray engine from
-decode tasks and detector actors. Bit for bit, given the same torch thread count for the detector
-(on one machine, both engines' default): torch's CPU kernels round differently when work is split
-across another number of threads. The same holds for preprocess.resize "torch" (the hf-demo
-preset), which Ray decode tasks run on one thread and the in-process engine's decoding threads on
-torch's default; there the engines agree to ~1e-4.
+this one (the local engine in one thread; the Ray engine's actors from two, through
+`SharedExtractor`). Both engines cut the same batches (see `pipeline.extract.plan.plan_units`)
+and call these same functions, so they write the same samples: the in-process engine from
+threads and one Extractor, the Ray engine from decode tasks and detector actors. Bit for bit,
+given the same torch thread count for the detector (on one machine, both engines' default):
+torch's CPU kernels round differently when work is split across another number of threads. The
+same holds for preprocess.resize "torch" (the hf-demo preset), which Ray decode tasks run on one
+thread and the in-process engine's decoding threads on torch's default; there the engines agree
+to ~1e-4.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -168,3 +170,22 @@ def detect_batch(extractor: Extractor, items: list[Prepared], seconds: Counter) 
     """Detect the batch's good images in one Extractor call, in place (`finish_batch` of
     `submit_batch`)."""
     finish_batch(extractor, submit_batch(extractor, items), seconds)
+
+
+class SharedExtractor:
+    """One Extractor for threads that each detect a batch at a time (the Ray engine's actor runs
+    two calls at once): a batch is submitted and finished under one lock, so the Extractor and
+    its adaptive state see one call at a time, and the wait for the device between the two is
+    outside it, so another thread submits its batch meanwhile and a GPU never runs dry."""
+
+    def __init__(self, extractor: Extractor):
+        self.extractor = extractor
+        self._lock = threading.Lock()
+
+    def detect(self, items: list[Prepared], seconds: Counter) -> None:
+        """detect_batch, with the wait for the device left to run alongside other threads."""
+        with self._lock:
+            flight = submit_batch(self.extractor, items)
+        flight.ready()
+        with self._lock:
+            finish_batch(self.extractor, flight, seconds)
