@@ -2,7 +2,9 @@
 
 A batch is padded at the bottom/right to its largest image; the backbone masks the padding and the
 RPN only keeps anchors on each image's own grid, so a batched call returns what one call per image
-returns (pinned in tests/test_extractor_batching.py).
+returns (pinned in tests/test_extractor_batching.py). On a GPU the backbone runs on up to two
+canvases, images grouped by shape (extractor.canvases), so that a portrait photo does not pad a
+landscape one; their res4 features then share one canvas again for the RPN and the RoI head.
 
 A call waits for the device twice, whatever the batch size: for the RPN's proposal counts and for
 the selected regions (extractor.host.fetch). The RPN's NMS and the selection run for the whole
@@ -22,6 +24,7 @@ import torch
 
 from extractor.backbone import fold_frozen_norms
 from extractor.batch_selection import SELECTION_PASSES, select_batch
+from extractor.canvases import canvas_groups
 from extractor.config import ExtractorConfig
 from extractor.detector import BUTDDetector, RoIHeadOutputs, clip_boxes
 from extractor.features import RegionFeatures
@@ -135,6 +138,9 @@ class Extractor:
         # heuristics' (bf16, batch 32: 107 against 110 images/s) and each new shape, such as
         # a batch's RoI count, costs ~0.8 s of trials (docs/performance.md).
         self.pad_multiple = 64 if self.device.type == "cuda" else 1
+        # The most canvases a batch's backbone runs on (extractor.canvases). One on the CPU,
+        # where a smaller canvas rounds float32 differently and extraction stays as it was.
+        self.canvases = 2 if self.device.type == "cuda" else 1
         if compile_head:  # the module's own forward: its state dict keeps its names
             res5 = self.model.roi_heads.res5
             res5.forward = torch.compile(res5.forward)
@@ -157,6 +163,26 @@ class Extractor:
         batch = pad_batch([im.pixels for im in images], self.pixel_mean, self.pad_multiple,
                           self.device)
         return batch.contiguous(memory_format=self.memory_format)
+
+    def _backbone(
+        self, batches: list[torch.Tensor], groups: list[list[int]], sizes: list[tuple[int, int]]
+    ) -> torch.Tensor:
+        """res4 of the whole batch from the backbone run once per canvas (`groups` of image
+        indices, `batches` their padded pixels): each group's res4, zero outside its images,
+        copied into one zero canvas, the largest group's size in each dimension, which is the
+        size of the res4 of a single canvas for the whole batch."""
+        outs = [self.model.backbone(b, [sizes[i] for i in g]) for b, g in zip(batches, groups)]
+        if len(outs) == 1:
+            return outs[0]
+        height, width = max(o.shape[2] for o in outs), max(o.shape[3] for o in outs)
+        res4 = torch.empty(
+            len(sizes), outs[0].shape[1], height, width, dtype=outs[0].dtype, device=self.device,
+            memory_format=self.memory_format,
+        ).zero_()
+        for out, group in zip(outs, groups):
+            area = res4[:, :, : out.shape[2], : out.shape[3]]
+            area.index_copy_(0, to_device(group, self.device), out)
+        return res4
 
     def __call__(
         self,
@@ -198,11 +224,12 @@ class Extractor:
         # (scale_x, scale_y, scale_x, scale_y) per image maps original pixels to input pixels.
         scales = to_device([(im.scale_x, im.scale_y, im.scale_x, im.scale_y) for im in images],
                            self.device, torch.float32)
-        batch = self._batch(images)
+        groups = canvas_groups(sizes, self.pad_multiple, self.canvases)
+        batches = [self._batch([images[i] for i in group]) for group in groups]
         clock.tick("prepare")
 
         with self._autocast():
-            res4 = self.model.backbone(batch, sizes)
+            res4 = self._backbone(batches, groups, sizes)
         clock.tick("backbone")
 
         if given:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
+from extractor.canvases import round_up
 from extractor.config import PreprocessConfig
 
 # Modes whose alpha is composited on white; palette images only when they carry transparency.
@@ -185,17 +186,13 @@ def pad_batch(pixels: Sequence[torch.Tensor], pixel_mean: torch.Tensor, multiple
     """Images (3, h, w) of any dtype -> (N, 3, H, W) float32 on `device`: each minus `pixel_mean`
     (3, 1, 1) at the top left, zero-padded to the largest size rounded up to `multiple`. The
     copies to the device do not block (pinned sources then overlap)."""
-    height = _round_up(max(p.shape[1] for p in pixels), multiple)
-    width = _round_up(max(p.shape[2] for p in pixels), multiple)
+    height = round_up(max(p.shape[1] for p in pixels), multiple)
+    width = round_up(max(p.shape[2] for p in pixels), multiple)
     batch = torch.zeros(len(pixels), 3, height, width, device=device)
     for i, image in enumerate(pixels):
         _, h, w = image.shape
         batch[i, :, :h, :w] = image.to(device, non_blocking=True).float() - pixel_mean
     return batch
-
-
-def _round_up(size: int, multiple: int) -> int:
-    return -(-size // multiple) * multiple
 
 
 def caffe_scale(height: int, width: int, cfg: PreprocessConfig) -> float:

@@ -251,6 +251,30 @@ def test_padding_to_shape_buckets_changes_nothing(model, images):
     _assert_same(extractor(images), exact)
 
 
+def test_two_canvases_change_no_region_and_cut_the_backbones_flops(model, images):
+    """On a GPU the backbone runs on up to two canvases (extractor.canvases): here the landscape
+    image gets one (96x160), the portrait and the near-square ones share the other (144x101),
+    instead of all three padded to 144x160. The regions are those of one canvas, and the
+    backbone's FLOPs are those of the two canvases alone (34.5% fewer)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    def backbone_flops(canvases):
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            for n, h, w in canvases:
+                model.backbone(torch.zeros(n, 3, h, w), [(h, w)] * n)
+        return counter.get_total_flops()
+
+    extractor = Extractor(_config("adaptive", min_boxes=5, max_boxes=20), model)
+    assert extractor.canvases == 1  # on the CPU
+    exact = extractor(images)
+    extractor.canvases = 2
+    with FlopCounterMode(display=False) as counter:
+        _assert_same(extractor(images), exact)
+    flops = sum(counter.get_flop_counts()["ResNetC4"].values())
+    assert flops == backbone_flops([(1, 96, 160), (2, 144, 101)])
+    assert flops < 0.66 * backbone_flops([(3, 144, 160)])
+
+
 def test_uint8_pixels_give_the_same_regions(model, images):
     """Extraction ships PIL-resized pixels (whole numbers) as uint8 (steps.ship_pixels)."""
     from pipeline.extract.steps import Prepared, ship_pixels

@@ -64,6 +64,20 @@ def test_cuda_batched_equals_one_by_one(images):
         np.testing.assert_allclose(alone.boxes_xyxy_abs, together.boxes_xyxy_abs, rtol=1e-4)
 
 
+def test_two_canvases_on_the_gpu_give_the_regions_of_one(images):
+    """A GPU's backbone runs on two canvases where images differ in shape (extractor.canvases);
+    the regions stay those of one canvas for the whole batch."""
+    extractor = Extractor(
+        _config("adaptive", min_boxes=5, max_boxes=20), _random_detector(TINY), device="cuda"
+    )
+    assert extractor.canvases == 2
+    two = extractor(images)
+    extractor.canvases = 1
+    for a, b in zip(two, extractor(images)):
+        np.testing.assert_array_equal(a.object_ids, b.object_ids)
+        np.testing.assert_allclose(a.boxes_xyxy_abs, b.boxes_xyxy_abs, rtol=1e-4)
+
+
 def test_threads_sharing_an_extractor_on_the_gpu(images):
     """The Ray actor's two calls at once on a GPU: one thread submits while the other waits for
     its batch's copy (an event in the same stream); each gets its own batch's regions."""

@@ -9,6 +9,7 @@ import torch
 from test_extractor_batching import TINY, _image, _random_detector
 
 from extractor import detector
+from extractor.canvases import canvas_groups
 from extractor.config import PRESETS, preset_config
 from extractor.detector import _nms_top
 from extractor.extractor import Extractor
@@ -56,6 +57,19 @@ def test_two_host_syncs_per_batch_whatever_its_size(peaked_model, images, preset
         results, counts = count_dispatch(lambda: extractor(images[:batch]))
         assert counts.syncs == 2, (batch, dict(counts.sync_ops))
         assert len(results) == batch
+
+
+def test_two_canvases_add_no_host_sync(peaked_model, images):
+    """The backbone on two canvases (a GPU's default) copies its groups' features into one canvas
+    without waiting for the device."""
+    extractor = Extractor(preset_config("caffe", CFG), peaked_model)
+    extractor.canvases = 2
+    sizes = [tuple(im.pixels.shape[1:]) for im in images]
+    assert len(canvas_groups(sizes, extractor.pad_multiple, 2)) == 2
+    extractor(images[:1])
+    results, counts = count_dispatch(lambda: extractor(images))
+    assert counts.syncs == 2, dict(counts.sync_ops)
+    assert len(results) == len(images)
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
