@@ -242,7 +242,8 @@ def test_box_regression_runs_only_for_presets_that_save_regressed_boxes():
 
 
 def test_padding_to_shape_buckets_changes_nothing(model, images):
-    """On a GPU batches are padded to multiples of 64 px (few shapes for cuDNN's benchmark)."""
+    """On a GPU batches are padded to multiples of GPU_SIZE_MULTIPLE px (a bounded set of shapes
+    for cuDNN); padding to any multiple changes nothing (64 here: more padding than 16)."""
     extractor = Extractor(_config("adaptive", min_boxes=5, max_boxes=20), model)
     assert extractor.pad_multiple == 1  # on the CPU
     exact = extractor(images)
