@@ -160,9 +160,8 @@ class Extractor:
         """(N, 3, H, W) mean-subtracted BGR, zero-padded at the bottom/right of each image to a
         size that is a multiple of `pad_multiple`."""
         # uint8 or float32 as given (pinned: the copy does not block), float32 on the device.
-        batch = pad_batch([im.pixels for im in images], self.pixel_mean, self.pad_multiple,
-                          self.device)
-        return batch.contiguous(memory_format=self.memory_format)
+        return pad_batch([im.pixels for im in images], self.pixel_mean, self.pad_multiple,
+                         self.device, self.memory_format)
 
     def _backbone(
         self, batches: list[torch.Tensor], groups: list[list[int]], sizes: list[tuple[int, int]]

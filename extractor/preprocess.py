@@ -182,13 +182,17 @@ def resize_image(
 
 
 def pad_batch(pixels: Sequence[torch.Tensor], pixel_mean: torch.Tensor, multiple: int,
-              device: torch.device | str = "cpu") -> torch.Tensor:
+              device: torch.device | str = "cpu",
+              memory_format: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
     """Images (3, h, w) of any dtype -> (N, 3, H, W) float32 on `device`: each minus `pixel_mean`
-    (3, 1, 1) at the top left, zero-padded to the largest size rounded up to `multiple`. The
+    (3, 1, 1) at the top left, zero-padded to the largest size rounded up to `multiple`, laid
+    out in `memory_format` (written there directly: no second pass to change the layout). The
     copies to the device do not block (pinned sources then overlap)."""
     height = round_up(max(p.shape[1] for p in pixels), multiple)
     width = round_up(max(p.shape[2] for p in pixels), multiple)
-    batch = torch.zeros(len(pixels), 3, height, width, device=device)
+    batch = torch.empty(
+        len(pixels), 3, height, width, device=device, memory_format=memory_format
+    ).zero_()
     for i, image in enumerate(pixels):
         _, h, w = image.shape
         batch[i, :, :h, :w] = image.to(device, non_blocking=True).float() - pixel_mean

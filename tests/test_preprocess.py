@@ -18,6 +18,7 @@ from extractor.preprocess import (
     ImageError,
     caffe_scale,
     decode_image,
+    pad_batch,
     resize_image,
     resized_shape,
     resizes_on_device,
@@ -335,3 +336,21 @@ def test_only_the_cv2_resize_is_left_to_a_device(method):
     assert not resizes_on_device(cfg) and resizes_on_device(PreprocessConfig(resize="cv2"))
     with pytest.raises(ValueError, match=f'resize "{method}" runs on the host only'):
         resize_image(np.zeros((40, 60, 3), np.uint8), cfg, device="cpu")
+
+
+def test_pad_batch_pads_and_lays_out_as_asked():
+    """Mean-subtracted images at the top left of zeros rounded up to the multiple, in the layout
+    asked for (channels-last on a GPU, written in place: no second copy)."""
+    gen = torch.Generator().manual_seed(0)
+    pixels = [torch.rand(3, 5, 7, generator=gen) * 255,
+              torch.randint(0, 256, (3, 8, 4), dtype=torch.uint8, generator=gen)]
+    mean = torch.tensor([102.9801, 115.9465, 122.7717]).view(3, 1, 1)
+    expected = np.zeros((2, 3, 8, 8), np.float32)
+    for i, p in enumerate(pixels):
+        _, h, w = p.shape
+        expected[i, :, :h, :w] = p.numpy().astype(np.float32) - mean.numpy()
+    plain = pad_batch(pixels, mean, 4)
+    np.testing.assert_array_equal(plain.numpy(), expected)
+    nhwc = pad_batch(pixels, mean, 4, memory_format=torch.channels_last)
+    assert nhwc.is_contiguous(memory_format=torch.channels_last)
+    np.testing.assert_array_equal(nhwc.numpy(), expected)
