@@ -24,6 +24,12 @@ MIN_SAVING = 0.1  # a split must save this fraction of the batch's padded pixels
 GPU_SIZE_MULTIPLE = 16
 
 
+def size_multiple(device_type: str) -> int:
+    """What a canvas's sides round up to on a device of this type: GPU_SIZE_MULTIPLE on a GPU,
+    1 (no rounding) elsewhere."""
+    return GPU_SIZE_MULTIPLE if device_type == "cuda" else 1
+
+
 def round_up(size: int, multiple: int) -> int:
     return -(-size // multiple) * multiple
 

@@ -24,7 +24,7 @@ import torch
 
 from extractor.backbone import fold_frozen_norms
 from extractor.batch_selection import SELECTION_PASSES, select_batch
-from extractor.canvases import GPU_SIZE_MULTIPLE, canvas_groups
+from extractor.canvases import canvas_groups, size_multiple
 from extractor.config import ExtractorConfig
 from extractor.detector import BUTDDetector, RoIHeadOutputs, clip_boxes
 from extractor.features import RegionFeatures
@@ -132,12 +132,12 @@ class Extractor:
         )
         self.model.to(memory_format=self.memory_format)
         fold_frozen_norms(self.model)
-        # On a GPU, batches are padded to sizes in steps of GPU_SIZE_MULTIPLE pixels, so that a
+        # On a GPU, batches are padded to sizes in steps of 16 pixels (size_multiple), so that a
         # bounded set of shapes reaches cuDNN. Padding never changes results (see the module
         # docstring). cuDNN's benchmark mode is left as it is: on an H200 its choices were no
         # faster than the heuristics' (bf16, batch 32: 107 against 110 images/s) and each new
         # shape, such as a batch's RoI count, costs ~0.8 s of trials (docs/performance.md).
-        self.pad_multiple = GPU_SIZE_MULTIPLE if self.device.type == "cuda" else 1
+        self.pad_multiple = size_multiple(self.device.type)
         # The most canvases a batch's backbone runs on (extractor.canvases). One on the CPU,
         # where a smaller canvas rounds float32 differently and extraction stays as it was.
         self.canvases = 2 if self.device.type == "cuda" else 1

@@ -19,7 +19,7 @@ from extractor.extractor import Extractor
 from extractor.preprocess import DecodedImage, resize_image
 from pipeline.bench.dispatch import count_dispatch
 from test_extractor_batching import (
-    TINY, _config, _image, _random_detector, shared_extractor_matches_one_thread,
+    TINY, _config, _image, _random_detector, detected_alone_and_shared,
 )
 
 pytestmark = [
@@ -84,7 +84,10 @@ def test_threads_sharing_an_extractor_on_the_gpu(images):
     extractor = Extractor(
         _config("adaptive", min_boxes=5, max_boxes=20), _random_detector(TINY), device="cuda"
     )
-    shared_extractor_matches_one_thread(extractor, images, rtol=1e-4)
+    for alone, shared in detected_alone_and_shared(extractor, images):
+        np.testing.assert_array_equal(alone.object_ids, shared.object_ids)
+        np.testing.assert_allclose(alone.features, shared.features, rtol=1e-4, atol=0)
+        np.testing.assert_allclose(alone.boxes_xyxy_abs, shared.boxes_xyxy_abs, rtol=1e-4, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

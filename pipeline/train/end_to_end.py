@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from extractor.canvases import GPU_SIZE_MULTIPLE
+from extractor.canvases import size_multiple
 from extractor.config import PreprocessConfig
 from extractor.detector import BUTDDetector
 from extractor.front_end import VisualFrontEnd, mask_region_pixels
@@ -82,5 +82,5 @@ def end_to_end(visual: VisualConfig, model: nn.Module, detector: BUTDDetector,
     front_end = VisualFrontEnd(detector, config=visual.front_end_config())
     pixels = PixelConfig(preprocess=preprocess, pixel_mean_bgr=detector.cfg.pixel_mean_bgr,
                          flip_prob=visual.flip_prob,
-                         size_multiple=GPU_SIZE_MULTIPLE if device.type == "cuda" else 1)
+                         size_multiple=size_multiple(device.type))  # as the Extractor
     return EndToEnd(front_end, model, mask_pixels=visual.mask_pixels), pixels

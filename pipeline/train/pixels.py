@@ -52,7 +52,7 @@ class PixelConfig:
     flip_prob: chance that a row's image and boxes are flipped left to right (VL-BERT: 0.5 where
         the task allows; 0 draws nothing from the rng).
     size_multiple: the batch's height and width are rounded up to a multiple of this (the
-        Extractor's pad_multiple: 1 on a CPU, extractor.canvases.GPU_SIZE_MULTIPLE on a GPU).
+        Extractor's pad_multiple: extractor.canvases.size_multiple of the device).
     """
 
     preprocess: PreprocessConfig
