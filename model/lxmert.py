@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import attend
+from model.attention import KeyMask, attend, compute_dtype, key_mask, project
 from model.heads import (
     AnswerHead,
     MaskedLMHead,
@@ -99,7 +99,8 @@ class LxmertConfig:
 class LxmertAttention(nn.Module):
     """Multi-head attention sub-layer with BERT's output: LayerNorm(x + dropout(out(attention))).
 
-    x (B, Lq, H) attends to context (B, Lk, H) under keep (B, Lk) bool, true = a real key, or None;
+    x (B, Lq, H) attends to context (B, Lk, H) under keep (B, Lk) bool, true = a real key (or
+    that mask `key_mask` prepared), or None;
     returns the new x (B, Lq, H) and, when asked, the attention probabilities (B, heads, Lq, Lk)
     (model/attention.py: a query with no real key gets zeros).
     """
@@ -120,13 +121,37 @@ class LxmertAttention(nn.Module):
         self,
         x: torch.Tensor,
         context: torch.Tensor,
-        keep: torch.Tensor | None,
+        keep: torch.Tensor | KeyMask | None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if context is x:  # self-attention: one product for the three projections
+            q, k, v = project(x, self.query, self.key, self.value)
+        else:
+            (q,), (k, v) = project(x, self.query), project(context, self.key, self.value)
+        return self._finish(x, q, k, v, keep, need_weights)
+
+    def both_ways(
+        self,
+        a: torch.Tensor,
+        a_keep: torch.Tensor | KeyMask | None,
+        b: torch.Tensor,
+        b_keep: torch.Tensor | KeyMask | None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """`self(a, b, b_keep)` and `self(b, a, a_keep)`, each stream projected once (its
+        queries, and its keys and values for the other): a (B, La, H), b (B, Lb, H) -> new a, new
+        b, and when asked the maps a -> b (B, heads, La, Lb) and b -> a (B, heads, Lb, La)."""
+        a_q, a_k, a_v = project(a, self.query, self.key, self.value)
+        b_q, b_k, b_v = project(b, self.query, self.key, self.value)
+        new_a, a_to_b = self._finish(a, a_q, b_k, b_v, b_keep, need_weights)
+        new_b, b_to_a = self._finish(b, b_q, a_k, a_v, a_keep, need_weights)
+        return new_a, new_b, a_to_b, b_to_a
+
+    def _finish(self, x, q, k, v, keep, need_weights):
         attended, probs = attend(
-            self.query(x),
-            self.key(context),
-            self.value(context),
+            q,
+            k,
+            v,
             keep,
             num_heads=self.num_heads,
             dropout_p=self.attention_dropout if self.training else 0.0,
@@ -158,7 +183,7 @@ class LxmertLayer(nn.Module):
         self.ffn = LxmertFeedForward(config)
 
     def forward(
-        self, x: torch.Tensor, keep: torch.Tensor | None, need_weights: bool = False
+        self, x: torch.Tensor, keep: torch.Tensor | KeyMask | None, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, L, H), keep (B, L) bool or None -> new x, probabilities (B, heads, L, L) or None."""
         x, probs = self.attn(x, x, keep, need_weights)
@@ -184,16 +209,16 @@ class LxmertCrossLayer(nn.Module):
     def forward(
         self,
         lang: torch.Tensor,
-        lang_keep: torch.Tensor | None,
+        lang_keep: torch.Tensor | KeyMask | None,
         visn: torch.Tensor,
-        visn_keep: torch.Tensor | None,
+        visn_keep: torch.Tensor | KeyMask | None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """lang (B, T, H), lang_keep (B, T) bool, visn (B, R, H), visn_keep (B, R) bool (None: no
         padding) -> new lang, new visn, and when asked the cross-attention maps text -> regions
         (B, heads, T, R) and regions -> text (B, heads, R, T)."""
-        lang_x, lang_to_visn = self.cross_attn(lang, visn, visn_keep, need_weights)
-        visn_x, visn_to_lang = self.cross_attn(visn, lang, lang_keep, need_weights)
+        lang_x, visn_x, lang_to_visn, visn_to_lang = self.cross_attn.both_ways(
+            lang, lang_keep, visn, visn_keep, need_weights)
         lang_x, _ = self.lang_self_attn(lang_x, lang_x, lang_keep)
         visn_x, _ = self.visn_self_attn(visn_x, visn_x, visn_keep)
         return self.lang_ffn(lang_x), self.visn_ffn(visn_x), lang_to_visn, visn_to_lang
@@ -234,7 +259,8 @@ class LxmertEmbeddings(nn.Module):
 class LxmertVisualEncoder(nn.Module):
     """Region input (REFERENCE §3): (LN(W_f f + b) + LN(W_p p + b)) / 2, then dropout.
 
-    features (B, R, visual_feat_dim), boxes (B, R, visual_pos_dim) -> (B, R, H).
+    features (B, R, visual_feat_dim), boxes (B, R, visual_pos_dim) -> (B, R, H), in the weights'
+    dtype (the inputs are cast to it: a model whose weights are bfloat16 computes in bfloat16).
     """
 
     def __init__(self, config: LxmertConfig):
@@ -247,6 +273,8 @@ class LxmertVisualEncoder(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(self, features: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
+        dtype = self.feat_proj.weight.dtype
+        features, boxes = features.to(dtype), boxes.to(dtype)
         x = (self.feat_norm(self.feat_proj(features)) + self.box_norm(self.box_proj(boxes))) / 2
         return self.dropout(x)
 
@@ -329,8 +357,10 @@ class LxmertModel(nn.Module):
             real = region_mask.bool()[..., None]
             features, boxes = torch.where(real, features, 0), torch.where(real, boxes, 0)
         visn = self.visual_encoder(features, boxes)  # (B, R, H)
-        lang_keep = attention_mask.bool() if attention_mask is not None else None  # (B, T)
-        visn_keep = region_mask.bool() if region_mask is not None else None  # (B, R)
+        # (B, T) and (B, R) key masks, prepared once for every layer
+        dtype = compute_dtype(text)
+        lang_keep = key_mask(attention_mask.bool(), dtype) if attention_mask is not None else None
+        visn_keep = key_mask(region_mask.bool(), dtype) if region_mask is not None else None
 
         lang_maps, obj_maps, t2v_maps, v2t_maps = [], [], [], []
         for layer in self.lang_layers:

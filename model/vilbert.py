@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import attend
+from model.attention import KeyMask, attend, compute_dtype, key_mask, project
 
 
 @dataclass(frozen=True)
@@ -154,12 +154,13 @@ class VilBertLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | None, need_weights: bool = False
+        self, x: torch.Tensor, mask: torch.Tensor | KeyMask | None, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, L, W), mask (B, L) bool or None -> (B, L, W), weights (B, heads, L, L) or None."""
+        """x (B, L, W), mask (B, L) bool (or prepared: `key_mask`) or None -> (B, L, W),
+        weights (B, heads, L, L) or None."""
         a = self.attn
         context, weights = attend(
-            a.query(x), a.key(x), a.value(x), mask, num_heads=self.num_heads,
+            *project(x, a.query, a.key, a.value), mask, num_heads=self.num_heads,
             dropout_p=self.attention_dropout if self.training else 0.0, need_weights=need_weights)
         x = self.attn_norm(x + self.dropout(a.out(context)))
         x = self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
@@ -200,19 +201,19 @@ class VilBertCoAttentionLayer(nn.Module):
             cfg.visual_hidden_size, cfg.visual_intermediate_size, cfg)
 
     def forward(
-        self, t: torch.Tensor, t_mask: torch.Tensor | None, v: torch.Tensor,
-        v_mask: torch.Tensor | None, need_weights: bool = False,
+        self, t: torch.Tensor, t_mask: torch.Tensor | KeyMask | None, v: torch.Tensor,
+        v_mask: torch.Tensor | KeyMask | None, need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """t (B, T, H), v (B, M, Hv), masks bool or None -> new t, new v, weights t->v, v->t (or
         None)."""
         dropout = self.attention_dropout if self.training else 0.0
         # both directions read the states from before this layer (the official BertBiAttention)
-        t_ctx, t_weights = attend(
-            self.text.query(t), self.visual.key(v), self.visual.value(v), v_mask,
-            num_heads=self.num_heads, dropout_p=dropout, need_weights=need_weights)  # (B, T, bi)
-        v_ctx, v_weights = attend(
-            self.visual.query(v), self.text.key(t), self.text.value(t), t_mask,
-            num_heads=self.num_heads, dropout_p=dropout, need_weights=need_weights)  # (B, M, bi)
+        t_q, t_k, t_v = project(t, self.text.query, self.text.key, self.text.value)
+        v_q, v_k, v_v = project(v, self.visual.query, self.visual.key, self.visual.value)
+        t_ctx, t_weights = attend(t_q, v_k, v_v, v_mask, num_heads=self.num_heads,
+                                  dropout_p=dropout, need_weights=need_weights)  # (B, T, bi)
+        v_ctx, v_weights = attend(v_q, t_k, t_v, t_mask, num_heads=self.num_heads,
+                                  dropout_p=dropout, need_weights=need_weights)  # (B, M, bi)
         return self.text.finish(t, t_ctx), self.visual.finish(v, v_ctx), t_weights, v_weights
 
 
@@ -240,8 +241,11 @@ class VilBertVisualEmbeddings(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, features: torch.Tensor, locations: torch.Tensor) -> torch.Tensor:
-        """features (B, M, D), locations (B, M, 5) -> (B, M, Hv)."""
-        return self.dropout(self.norm(self.feature(features) + self.location(locations)))
+        """features (B, M, D), locations (B, M, 5) -> (B, M, Hv), in the weights' dtype (a model
+        whose weights are bfloat16 computes in bfloat16)."""
+        dtype = self.feature.weight.dtype
+        x = self.feature(features.to(dtype)) + self.location(locations.to(dtype))
+        return self.dropout(self.norm(x))
 
 
 def with_global_region(
@@ -334,6 +338,8 @@ class VilBertModel(nn.Module):
         t = self.text_embeddings(input_ids, token_type_ids)  # (B, T, H)
         v = self.visual_embeddings(feats, locations.to(feats.dtype))  # (B, N + 1, Hv)
 
+        # prepared once for every layer
+        t_keep, v_keep = key_mask(t_mask, compute_dtype(t)), key_mask(v_mask, compute_dtype(v))
         weights: dict[str, list[torch.Tensor | None]] = {k: [] for k in ("t", "v", "tv", "vt")}
         t_done = v_done = 0
         # run each stream up to the next co-attention layer; a final step runs the rest
@@ -341,14 +347,14 @@ class VilBertModel(nn.Module):
                  (c.num_layers, c.visual_num_layers, None)]
         for t_at, v_at, coattn in steps:
             for layer in self.text_layers[t_done:t_at]:
-                t, w = layer(t, t_mask, output_attentions)
+                t, w = layer(t, t_keep, output_attentions)
                 weights["t"].append(w)
             for layer in self.visual_layers[v_done:v_at]:
-                v, w = layer(v, v_mask, output_attentions)
+                v, w = layer(v, v_keep, output_attentions)
                 weights["v"].append(w)
             t_done, v_done = t_at, v_at
             if coattn is not None:
-                t, v, w_tv, w_vt = coattn(t, t_mask, v, v_mask, output_attentions)
+                t, v, w_tv, w_vt = coattn(t, t_keep, v, v_keep, output_attentions)
                 weights["tv"].append(w_tv)
                 weights["vt"].append(w_vt)
 

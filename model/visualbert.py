@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import attend
+from model.attention import KeyMask, attend, compute_dtype, key_mask, project
 
 
 @dataclass(frozen=True)
@@ -140,12 +140,14 @@ class VisualBertEmbeddings(nn.Module):
         # Row 0 for every region: the reference uses no other row of this table.
         region_pos = self.visual_position.weight[0]  # (H,)
         if alignment is not None:
-            aligned = (alignment >= 0).to(features.dtype)  # (B, N, A)
+            aligned = (alignment >= 0).to(region_pos.dtype)  # (B, N, A)
             word_pos = self.position(alignment.clamp(min=0)) * aligned.unsqueeze(-1)  # (B, N, A, H)
             # A region aligned to no word gets no text position (the reference divides by 1).
             count = aligned.sum(-1).clamp(min=1).unsqueeze(-1)  # (B, N, 1)
             region_pos = word_pos.sum(2) / count + region_pos  # (B, N, H)
         segment = self.visual_token_type(visual_token_type_ids)  # (B, N, H)
+        # features in the weights' dtype: a model whose weights are bfloat16 computes in bfloat16
+        features = features.to(self.visual_projection.weight.dtype)
         visual = self.visual_projection(features) + region_pos + segment  # (B, N, H)
 
         return self.dropout(self.norm(torch.cat([text, visual], dim=1)))
@@ -167,13 +169,11 @@ class VisualBertAttention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,  # (B, L, H)
-        keep: torch.Tensor | None,  # (B, L) bool, True = a real key; None: all real
+        keep: torch.Tensor | KeyMask | None,  # (B, L) bool, True = a real key; None: all real
         output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, L, H), (B, heads, L, L) or None
         ctx, probs = attend(
-            self.query(x),
-            self.key(x),
-            self.value(x),
+            *project(x, self.query, self.key, self.value),
             keep,
             num_heads=self.num_heads,
             dropout_p=self.dropout_p if self.training else 0.0,
@@ -196,7 +196,7 @@ class VisualBertLayer(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, keep: torch.Tensor | None, output_attentions: bool
+        self, x: torch.Tensor, keep: torch.Tensor | KeyMask | None, output_attentions: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         a, probs = self.attention(x, keep, output_attentions)
         x = self.attention_norm(x + self.dropout(a))
@@ -284,12 +284,12 @@ class VisualBertModel(nn.Module):
         )  # (B, T + N, H)
         # Keys only are masked: a padded query still gets a (discarded) state, a real one never
         # sees padding, which is what makes outputs at real positions padding-invariant.
-        keep = None  # (B, T + N) bool
+        keep = None  # (B, T + N) bool, prepared once for every layer
         if attention_mask is not None or region_mask is not None:
-            keep = torch.cat([
+            keep = key_mask(torch.cat([
                 m.bool() if m is not None else input_ids.new_ones((B, n), dtype=torch.bool)
                 for m, n in ((attention_mask, T), (region_mask, N))
-            ], dim=1)
+            ], dim=1), compute_dtype(x))
 
         maps = []
         for layer in self.layers:

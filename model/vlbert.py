@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import attend
+from model.attention import KeyMask, attend, compute_dtype, key_mask, project
 
 
 @dataclass(frozen=True)
@@ -153,12 +153,12 @@ class VlBertSelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None, need_weights: bool
+        self, x: torch.Tensor, keep: torch.Tensor | KeyMask | None, need_weights: bool
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x (B, S, H), key_mask (B, S) bool or None (no padding) -> (B, S, H), weights
-        (B, heads, S, S) | None."""
+        """x (B, S, H), keep (B, S) bool (or prepared: `key_mask`) or None (no padding) ->
+        (B, S, H), weights (B, heads, S, S) | None."""
         context, weights = attend(
-            self.query(x), self.key(x), self.value(x), key_mask, num_heads=self.num_heads,
+            *project(x, self.query, self.key, self.value), keep, num_heads=self.num_heads,
             dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights)
         return self.out(context), weights
 
@@ -176,9 +176,9 @@ class VlBertLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, key_mask: torch.Tensor | None, need_weights: bool = False
+        self, x: torch.Tensor, keep: torch.Tensor | KeyMask | None, need_weights: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attended, weights = self.attn(x, key_mask, need_weights)
+        attended, weights = self.attn(x, keep, need_weights)
         x = self.attn_norm(x + self.dropout(attended))
         x = self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
         return x, weights
@@ -201,11 +201,13 @@ class VlBertEmbeddings(nn.Module):
     def visual_feature_embedding(
         self, appearance: torch.Tensor, boxes: torch.Tensor
     ) -> torch.Tensor:
-        """appearance (B, M, D), boxes (B, M, 4) normalised x1 y1 x2 y2 -> (B, M, H)."""
+        """appearance (B, M, D), boxes (B, M, 4) normalised x1 y1 x2 y2 -> (B, M, H) in the
+        weights' dtype (a model whose weights are bfloat16 computes in bfloat16)."""
         c = self.cfg
         geometry = box_geometry_embedding(boxes, c.geometry_dim, c.geometry_box_format,
                                           c.geometry_wavelength, c.geometry_scale)
-        return self.visual(torch.cat([appearance, geometry.to(appearance.dtype)], -1))
+        both = torch.cat([appearance, geometry.to(appearance.dtype)], -1)
+        return self.visual(both.to(self.visual.weight.dtype))
 
     def forward(
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
@@ -314,15 +316,15 @@ class VlBertModel(nn.Module):
 
         x = self.embeddings(input_ids, token_type_ids, text_mask, features, boxes, region_mask,
                             image_feature, masked_regions)  # (B, S, H)
-        key_mask = None  # (B, S) bool
+        keep = None  # (B, S) bool, prepared once for every layer
         if text_mask is not None or region_mask is not None:
-            key_mask = torch.cat([
+            keep = key_mask(torch.cat([
                 m if m is not None else input_ids.new_ones((B, n), dtype=torch.bool)
                 for m, n in ((text_mask, T), (region_mask, N), (None, 1))
-            ], 1)
+            ], 1), compute_dtype(x))
         attentions = []
         for layer in self.layers:
-            x, weights = layer(x, key_mask, output_attentions)
+            x, weights = layer(x, keep, output_attentions)
             attentions.append(weights)
         return VlBertOutput(
             text_hidden=x[:, :T],

@@ -2,7 +2,8 @@
 
 `count_dispatch(fn)` runs `fn` under a TorchDispatchMode and sees every aten op it runs:
 - ops: every op that computes (on a GPU, at least one kernel launch each); views (`view`, `t`,
-  `select`, ...) and bare allocations (`empty`, ...) are left out.
+  `select`, ..., and `_unsafe_view`, a view without autograd's view tracking) and bare
+  allocations (`empty`, ...) are left out.
 - syncs: the ops after which the host must wait for the device: a Python scalar read
   (`_local_scalar_dense`: `.item()`, `bool()`, `int()`), ops whose output size depends on the data
   (`nonzero`, `masked_select`, boolean-mask indexing, `unique`, `repeat_interleave` with tensor
@@ -10,6 +11,10 @@
   Python bool), blocking copies between the host and a GPU (either way; `non_blocking` ones do
   not wait), and the waits of `extractor.host.fetch` (profiler ranges named "host sync: ...": its
   non-blocking copies are not waits themselves).
+- casts: the ops that convert floating-point tensors between dtypes (`_to_copy`, `copy_` and
+  `_foreach_copy_` whose source and target dtypes differ; a multi-tensor copy counts once, as it
+  launches once): what autocast adds to a step, and what bfloat16 weights with float32 master
+  weights take away (pipeline/train/precision.py).
 The counts are the same on any device for the same code path, except the copies between host and
 device, which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are
 not seen, and neither is the copy inside `torch.tensor(data, device=...)` or
@@ -36,17 +41,33 @@ _DATA_DEPENDENT = {
 }
 
 _NO_KERNEL = {"profiler::_record_function_enter_new", "profiler::_record_function_exit",
+              "aten::_unsafe_view",
               "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
               "aten::new_empty_strided", "aten::lift_fresh"}
 
 
 @dataclass
 class DispatchCounts:
-    """ops and syncs (see the module docstring), and the syncs by op name."""
+    """ops, syncs and casts (see the module docstring), the syncs by op name and the ops by op
+    name."""
 
     ops: int = 0
     syncs: int = 0
+    casts: int = 0
     sync_ops: Counter = field(default_factory=Counter)
+    by_op: Counter = field(default_factory=Counter)
+
+
+def _is_cast(func, args: tuple, kwargs: dict) -> bool:
+    name = func._schema.name
+    if name == "aten::_to_copy":
+        dtype = kwargs.get("dtype")
+        return dtype is not None and args[0].is_floating_point() and dtype != args[0].dtype
+    if name == "aten::copy_":
+        return args[0].dtype != args[1].dtype and args[1].is_floating_point()
+    if name == "aten::_foreach_copy_":
+        return any(a.dtype != b.dtype for a, b in zip(args[0], args[1]))
+    return False
 
 
 def _is_sync(func, args: tuple, kwargs: dict) -> bool:
@@ -82,6 +103,9 @@ class _Counting(TorchDispatchMode):
         kwargs = kwargs or {}
         if not func.is_view and func._schema.name not in _NO_KERNEL:
             self.counts.ops += 1
+            self.counts.by_op[func._schema.name] += 1
+        if _is_cast(func, args, kwargs):
+            self.counts.casts += 1
         if _is_sync(func, args, kwargs):
             self.counts.syncs += 1
             self.counts.sync_ops[func._schema.name] += 1
