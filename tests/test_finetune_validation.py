@@ -24,6 +24,7 @@ from pipeline.train.errors import DivergenceError
 from pipeline.train.launch import run_training
 from pipeline.train.logs import read_metrics
 from pipeline.train.loop import Trainer
+from pipeline.train.step import TrainStep
 from shards.schema import SchemaError
 
 
@@ -73,15 +74,24 @@ def test_finetune_refuses_a_corrupt_sample(pretrain_world, tmp_path, field, chan
 
 def _poison_losses(monkeypatch, from_step: int, value: float) -> None:
     """Training losses (not validation ones) become `value` from optimizer step `from_step` on."""
-    original = Trainer._forward
+    original_step, original_forward = Trainer.train_step, TrainStep.forward
+    poisoned = []  # holds True while a training step from `from_step` on runs
+
+    def train_step(self, batch, seed):
+        poisoned.append(self.position.step + 1 >= from_step)
+        try:
+            return original_step(self, batch, seed)
+        finally:
+            poisoned.pop()
 
     def forward(self, batch, seed, model=None):
-        losses, metrics = original(self, batch, seed, model)
-        if self.model.training and self.position.step + 1 >= from_step:
+        losses, metrics = original_forward(self, batch, seed, model)
+        if poisoned and poisoned[-1]:
             losses = {name: loss * value for name, loss in losses.items()}
         return losses, metrics
 
-    monkeypatch.setattr(Trainer, "_forward", forward)
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+    monkeypatch.setattr(TrainStep, "forward", forward)
 
 
 def test_a_nan_loss_stops_fine_tuning_at_its_step(pretrain_world, tmp_path, monkeypatch):

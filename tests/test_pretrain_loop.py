@@ -47,10 +47,10 @@ class Killed(Exception):
 def crash_after(monkeypatch, step: int) -> None:
     original = Trainer._train_record
 
-    def record(self, at, *args, **kwargs):
-        out = original(self, at, *args, **kwargs)
-        if at == step:
-            raise Killed(f"killed after step {at}")
+    def record(self, done, *args, **kwargs):
+        out = original(self, done, *args, **kwargs)
+        if done.step == step:
+            raise Killed(f"killed after step {done.step}")
         return out
 
     monkeypatch.setattr(Trainer, "_train_record", record)

@@ -78,7 +78,7 @@ from pipeline.pretrain.objectives.vlbert import VlBertObjective, VlBertObjective
 from pipeline.train.batch import TrainBatch
 from pipeline.train.config import OptimConfig, VisualConfig
 from pipeline.train.end_to_end import EndToEnd, end_to_end
-from pipeline.train.loop import param_groups
+from pipeline.train.step import param_groups
 from pipeline.train.pixels import PixelConfig, add_pixels
 from shards.schema import Sample, build_sample
 

@@ -4,8 +4,8 @@ the same model and objective on a batch already on the device, in one run.
 The loop: a corpus and shards in the real formats (pipeline/bench/loop_data.py) joined by the
 pretraining stream, batches built by `run.data_workers` processes (or in the training process),
 copied to the device, LXMERT's objective, forward, backward, clipping, AdamW and the schedule:
-`Trainer.steps()` of pipeline/train/loop.py, nothing else. Model alone: `Trainer.train_micro`
-and `Trainer.optimizer_step` on one batch kept on the device, so the ratio loop / model alone is
+`Trainer.steps()` of pipeline/train/loop.py, nothing else. Model alone: `Trainer.train_step`
+on one batch kept on the device, so the ratio loop / model alone is
 the share of the model's speed the data path leaves (1.0: data costs nothing).
 
 Per step: the training process's wall and CPU time, the time it waited for its batch (and the
@@ -65,7 +65,8 @@ def loop_config(s, model_config, corpus: Path, shards: Path, tokenizer: Path | N
         optim=OptimConfig(),
         run=RunConfig(
             epochs=1000, log_every=never, checkpoint_every=never, workers=0,
-            device=s.device.split(":")[0], bf16=s.dtype == "bf16", data_workers=data_workers,
+            device=s.device.split(":")[0], precision="autocast" if s.dtype == "bf16" else "float32",
+            data_workers=data_workers,
             shapes=shapes, compile=s.compile != "none",
         ),
     ).check()
@@ -104,8 +105,7 @@ def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
     resident = builder.build(Micro(0, 0, 0), rows).to(device)
 
     def model_step() -> None:
-        trainer.train_micro(resident, s.seed)
-        trainer.optimizer_step()
+        trainer.train_step(resident, s.seed)
 
     waits: list[float] = []  # each loop step's wait for its batch (and its copy), in order
 

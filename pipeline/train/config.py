@@ -36,7 +36,11 @@ class RunConfig:
     log_every: optimizer steps between metrics.jsonl lines. val_every: steps between validations
     (0: at each epoch's end); one more at the end. checkpoint_every: steps between checkpoints
     (one more at the end); keep_checkpoints: how many are kept. workers: Ray Train workers (0: run
-    in this process, without Ray). device: auto = CUDA when there is one. bf16: autocast on CUDA.
+    in this process, without Ray). device: auto = CUDA when there is one.
+    precision: "float32"; "autocast" (bfloat16 autocast over float32 weights); "bf16" (bfloat16
+    weights for the forward and backward, float32 master weights for the optimizer: two casts a
+    step instead of autocast's ~1,000; pipeline/train/precision.py); "auto": bf16 on a GPU
+    (autocast with visual.trainable), float32 on the CPU.
     threads_per_worker: torch CPU threads of each worker (0: the cores divided by the workers).
     init_text: a BERT checkpoint directory whose weights start the text stream (empty: random).
     data_workers: processes that build each worker's batches ahead of its steps (-1: auto, 4 on
@@ -44,6 +48,8 @@ class RunConfig:
     shapes: "static" pads text to data.max_text_length and regions to data.max_boxes, so that
     every step has the same shapes (compile, CUDA graphs); "dynamic" pads to the batch's longest;
     "auto": static on a GPU. compile: torch.compile each repeated transformer layer.
+    cuda_graph: capture the whole step (forward, backward, optimizer) as one CUDA graph and replay
+    it (pipeline/train/graphs.py): needs a GPU, static shapes, one worker and optim.accumulation 1.
     """
 
     epochs: int = 20
@@ -55,12 +61,13 @@ class RunConfig:
     keep_checkpoints: int = 2
     workers: int = 1
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    bf16: bool = True
+    precision: Literal["auto", "float32", "autocast", "bf16"] = "auto"
     threads_per_worker: int = 0
     init_text: str = ""
     data_workers: int = -1
     shapes: Literal["auto", "static", "dynamic"] = "auto"
     compile: bool = False
+    cuda_graph: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,3 +169,22 @@ def data_workers(run: RunConfig, device) -> int:
 def static_shapes(run: RunConfig, device) -> bool:
     """Whether batches are padded to the configured lengths (run.shapes, auto resolved)."""
     return run.shapes == "static" or (run.shapes == "auto" and device.type == "cuda")
+
+
+def cuda_graph(config, device, world: int) -> bool:
+    """run.cuda_graph of `config` (with `run`, `optim`, `visual`), checked for `device` and
+    `world` workers: ConfigError naming what keeps the step from being captured."""
+    run = config.run
+    if not run.cuda_graph:
+        return False
+    needs = [
+        (device.type == "cuda", "a CUDA device"),
+        (world == 1, "one worker (run.workers <= 1)"),
+        (config.optim.accumulation == 1, "optim.accumulation 1"),
+        (static_shapes(run, device), "static shapes (run.shapes static or auto)"),
+        (not config.visual.trainable, "features from the shards (visual.trainable false)"),
+    ]
+    missing = [what for ok, what in needs if not ok]
+    if missing:
+        raise ConfigError(f"run.cuda_graph needs {', '.join(missing)}")
+    return True

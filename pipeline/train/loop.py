@@ -4,10 +4,14 @@ before calling it. What is trained (model, objective, data) comes as a Job (pipe
 that the config dict's `build` function makes on each worker: `pretrain_job` or `finetune_job`;
 the loop itself knows neither.
 
+The device side of a step (optimizer, precision, forward, backward, update) is a TrainStep
+(step.py), run eagerly or captured as one CUDA graph and replayed (graphs.py, run.cuda_graph).
+
 Exact resume: every random choice of a step comes from seeds derived from (seed, epoch, step,
 rank): the data order, the masks and swaps (the objective's numpy Generator) and dropout
-(torch.manual_seed before each forward). A checkpoint therefore needs only the model, optimizer
-and scheduler state and the data position; a resumed run repeats the uninterrupted one's losses.
+(torch.manual_seed before each forward). The learning rate is a function of the step number. A
+checkpoint therefore needs only the model and optimizer state and the data position; a resumed
+run repeats the uninterrupted one's losses.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import hashlib
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,11 +35,13 @@ from pipeline.common.config import ConfigError, to_dict
 from pipeline.common.ray_session import say
 from pipeline.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from pipeline.train.batch import TrainBatch
-from pipeline.train.config import data_workers
+from pipeline.train.config import cuda_graph, data_workers
 from pipeline.train.errors import DivergenceError
 from pipeline.train.feed import BatchBuilder, Micro, feed, schedule
+from pipeline.train.graphs import GraphedStep
 from pipeline.train.pixels import add_pixels, row_images
 from pipeline.train.job import Job
+from pipeline.train.step import TrainStep
 from pipeline.train.logs import RunLog, truncate_metrics
 from pipeline.train.plot import plot_run
 from pipeline.train.remote import pull, push, working_copy
@@ -46,15 +51,22 @@ from shards.storage import is_url
 @dataclass(frozen=True)
 class StepDone:
     """An optimizer step just taken: its number, epoch and learning rate, the rows it trained on,
-    its losses and (correct, count) sums as device tensors, and whether it ended its epoch."""
+    its stats (a device tensor: its mean losses, then each accuracy's correct and counted sums,
+    named by `names`, `loss_count` of them losses) and whether it ended its epoch."""
 
     step: int
     epoch: int
     lr: float
     rows: int
-    losses: dict[str, torch.Tensor]
-    metrics: dict[str, torch.Tensor]
+    stats: torch.Tensor
+    names: tuple[str, ...]
+    loss_count: int
     epoch_end: bool
+
+    @property
+    def losses(self) -> dict[str, torch.Tensor]:
+        """name -> the step's mean loss (views of `stats`: no kernel)."""
+        return {name: self.stats[i] for i, name in enumerate(self.names[:self.loss_count])}
 
 
 @dataclass
@@ -76,22 +88,6 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
-def param_groups(model: nn.Module, weight_decay: float, lr: float,
-                  visual_lr_multiplier: float) -> list[dict]:
-    """No weight decay on biases and norms; a detector trained end to end (the parameters under
-    `front_end.`) at lr x visual_lr_multiplier."""
-    groups: dict[tuple[bool, bool], list] = {}
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            decays = not (param.ndim < 2 or "norm" in name.lower())
-            groups.setdefault((name.startswith("front_end."), decays), []).append(param)
-    return [
-        {"params": params, "weight_decay": weight_decay if decays else 0.0,
-         "lr": lr * visual_lr_multiplier if visual else lr}
-        for (visual, decays), params in sorted(groups.items())
-    ]
-
-
 def count_steps(train, config) -> int:
     """Optimizer steps of a run: config.run's epochs over `train` (a training stream's
     `steps_in_epoch(epoch)`, the same on every rank), at most run.max_steps. ConfigError when
@@ -106,17 +102,6 @@ def count_steps(train, config) -> int:
             "rows per worker in epoch 0; lower data.batch_size or add data"
         )
     return total
-
-
-def warmup_linear(total_steps: int, warmup: int):
-    """BERT's schedule as a LambdaLR factor: 0 -> 1 over `warmup` steps, then 1 -> 0 at the end."""
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-    return factor
 
 
 class _Reducer:
@@ -150,24 +135,14 @@ class Trainer:
         self.objective = job.objective
         self.train_stream, self.val_stream, self.texts = job.train, job.val, job.texts
         self.module = job.module.to(self.device)
-        if self.config.run.compile:  # each layer compiles at its first call (the first step)
-            compile_layers(self.module)
-        self.model: nn.Module = self.module  # DistributedDataParallel from the first batch on
-        optim = self.config.optim
-        # Fused: one kernel over all parameters, on CPU too (a tiny model's step spent 25 ms of
-        # its ~120 in the per-tensor AdamW, mostly on the 30,522-row word embedding; fused: 1.3).
-        groups = param_groups(self.module, optim.weight_decay, optim.lr,
-                               self.config.visual.lr_multiplier)
-        self.optimizer = torch.optim.AdamW(groups, lr=optim.lr, betas=optim.betas,
-                                           eps=optim.eps, fused=True)
         self.total_steps = count_steps(self.train_stream, self.config)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer,
-            warmup_linear(
-                self.total_steps,
-                optim.warmup_steps or int(self.total_steps * optim.warmup_fraction),
-            ),
-        )
+        graphed = cuda_graph(self.config, self.device, world)
+        self.step = TrainStep(self.module, self.objective, self.config, self.device,
+                              total_steps=self.total_steps, capturable=graphed)
+        if self.config.run.compile:  # each layer compiles at its first call (the first step)
+            compile_layers(self.step.compute)
+        self.graphed = GraphedStep(self.step) if graphed else None
+        self.optimizer = self.step.optimizer
         self.reducer = _Reducer(self.world, self.device)
         self.position = Position()
         self.log: RunLog | None = None
@@ -188,8 +163,7 @@ class Trainer:
             return False
         state = load_state(checkpoint)
         self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
+        self.step.load_optimizer(state["optimizer"])
         self.position = Position(**state["position"])
         if self.rank == 0:
             truncate_metrics(self.run_dir, self.position.step)
@@ -206,7 +180,6 @@ class Trainer:
                 state={
                     "model": self.module.state_dict(),
                     "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(),
                 },
                 arch=arch,
                 export_config=export_config,
@@ -242,20 +215,21 @@ class Trainer:
         step. When every rank finds the same ones they stop requiring a gradient (they got none
         and AdamW skipped them: the run is unchanged); ranks that disagree fall back to DDP's
         find_unused_parameters, a graph walk each step."""
-        losses, _ = self._forward(batch, _seed(self.config.run.seed, 0, self.rank, 2), self.module)
+        compute = self.step.compute
+        losses, _ = self.step.forward(batch, _seed(self.config.run.seed, 0, self.rank, 2))
         sum(losses.values()).backward()
-        unused = [name for name, p in self.module.named_parameters()
+        unused = [name for name, p in compute.named_parameters()
                   if p.requires_grad and p.grad is None]
-        self.optimizer.zero_grad(set_to_none=True)
+        self.step.precision.zero_compute_grads()
         signature = float(int(hashlib.sha256("\n".join(unused).encode()).hexdigest()[:12], 16))
         agreed = self.reducer.sum({"s": signature})["s"] == signature * self.world
         if agreed:
-            parameters = dict(self.module.named_parameters())
+            parameters = dict(compute.named_parameters())
             for name in unused:
                 parameters[name].requires_grad_(False)
         ids = [self.device.index] if self.device.type == "cuda" else None
-        self.model = nn.parallel.DistributedDataParallel(
-            self.module, device_ids=ids, find_unused_parameters=not agreed
+        self.step.model = nn.parallel.DistributedDataParallel(
+            compute, device_ids=ids, find_unused_parameters=not agreed
         )
 
     def _val_batch(self, index: int, rows: list, *, whole: bool) -> TrainBatch:
@@ -271,36 +245,15 @@ class Trainer:
                                replace(self.job.pixels, flip_prob=0.0))
         return batch.to(self.device)
 
-    def _forward(self, batch, seed: int, model: nn.Module | None = None):
-        torch.manual_seed(seed)
-        autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if self.device.type == "cuda" and self.config.run.bf16
-            else nullcontext()
-        )
-        with autocast:
-            return self.objective.compute(model or self.model, batch)
-
-    def train_micro(self, batch: TrainBatch, seed: int, *, sync: bool = True):
-        """Forward and backward of one micro-batch on the device (the gradient scaled for the
-        accumulation; DDP reduces it when `sync`); returns the objective's (losses, metrics)."""
-        context = self.model.no_sync() if self.world > 1 and not sync else nullcontext()
-        with context:
-            losses, metrics = self._forward(batch, seed)
-            (sum(losses.values()) / self.config.optim.accumulation).backward()
-        return losses, metrics
-
-    def optimizer_step(self) -> float:
-        """Clip, step the optimizer and the schedule, clear the gradients; returns the learning
-        rate the step used."""
-        optim = self.config.optim
-        if optim.grad_clip > 0:
-            nn.utils.clip_grad_norm_(self.module.parameters(), optim.grad_clip)
-        lr = self.scheduler.get_last_lr()[0]
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return lr
+    def train_step(self, batch: TrainBatch, seed: int) -> torch.Tensor:
+        """One whole optimizer step on one micro-batch on the device (optimizer step number
+        `position.step`), eager or replayed as a graph; returns its packed stats (step.names)."""
+        self.step.set_lr(self.position.step)
+        if self.graphed is not None:
+            return self.graphed(batch, seed)
+        stats = self.step.micro(batch, seed)
+        self.step.update()
+        return stats
 
     def steps(self) -> Iterator[StepDone]:
         """Train from the current position to the last optimizer step, yielding after each one
@@ -309,10 +262,8 @@ class Trainer:
         run = self.config.run
         accumulation = self.config.optim.accumulation
         steps_per_epoch = self._steps_in_epoch(self.position.epoch)
-        losses_sum: dict[str, torch.Tensor] = {}
-        metrics_sum: dict[str, torch.Tensor] = {}
-        rows = 0
-        self.model.train()
+        stats, names, rows = None, (), 0
+        self.step.compute.train()
         batches = self._feed()
         while True:
             waited = time.perf_counter()
@@ -325,30 +276,37 @@ class Trainer:
             if epoch != self.position.epoch:  # resumed exactly at an epoch's end
                 self.position = Position(self.position.step, epoch, 0)
                 steps_per_epoch = self._steps_in_epoch(epoch)
-            if self.world > 1 and self.model is self.module:
+            if self.world > 1 and self.step.model is self.step.compute:
                 self._wrap(batch)
             sync = (index + 1) % accumulation == 0
-            losses, metrics = self.train_micro(batch, _seed(run.seed, epoch, index, self.rank, 0),
-                                               sync=sync)
-            for name, value in losses.items():
-                losses_sum[name] = losses_sum.get(name, 0.0) + value.detach() / accumulation
-            for name, (correct, count) in metrics.items():
-                metrics_sum[f"{name}.c"] = metrics_sum.get(f"{name}.c", 0.0) + correct
-                metrics_sum[f"{name}.n"] = metrics_sum.get(f"{name}.n", 0.0) + count
+            seed = _seed(run.seed, epoch, index, self.rank, 0)
+            if accumulation == 1:
+                stats = self.train_step(batch, seed)
+            else:
+                micro_stats = self.step.micro(batch, seed, accumulation=accumulation, sync=sync)
+                if stats is not None and self.step.names != names:
+                    raise RuntimeError(f"the objective's losses and accuracies changed within an "
+                                       f"optimizer step: {names} then {self.step.names}")
+                stats = micro_stats if stats is None else stats + micro_stats
+            names = self.step.names
             rows += batch.size
             self.position.micro = index + 1
             if not sync:
                 continue
-            self.diverged.note(losses_sum, self.position.step + 1, epoch)
-            lr = self.optimizer_step()
+            if accumulation > 1:
+                self.step.set_lr(self.position.step)
+                self.step.update()
+            lr = self.step.lr_at(self.position.step)
+            self.diverged.note(stats[:self.step.loss_count], self.position.step + 1, epoch,
+                               names[:self.step.loss_count])
             self.position.step += 1
             epoch_end = self.position.micro >= steps_per_epoch * accumulation
             if epoch_end:
                 self.position = Position(self.position.step, epoch + 1, 0)
                 steps_per_epoch = self._steps_in_epoch(epoch + 1)
-            yield StepDone(self.position.step, epoch, lr, rows, losses_sum, metrics_sum,
-                           epoch_end)
-            losses_sum, metrics_sum, rows = {}, {}, 0
+            yield StepDone(self.position.step, epoch, lr, rows, stats, names,
+                           self.step.loss_count, epoch_end)
+            stats, rows = None, 0
 
     def fit(self) -> dict[str, float]:
         """Train from the current position to the last step, logging, validating and saving;
@@ -374,8 +332,8 @@ class Trainer:
                 if self.device.type == "cuda":  # the rate counts finished steps only
                     torch.cuda.synchronize(self.device)
                 seconds = time.perf_counter() - window_start
-                record = self._train_record(step, done.epoch, done.lr, done.losses, done.metrics,
-                                            window_rows / seconds, self.data_wait / seconds)
+                record = self._train_record(done, window_rows / seconds,
+                                            self.data_wait / seconds)
                 bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=done.epoch, refresh=False)
                 window_start, window_rows, self.data_wait = time.perf_counter(), 0, 0.0
             if every and step != self.total_steps:
@@ -390,17 +348,16 @@ class Trainer:
         self._save()  # last: for a run at a URL, its push also uploads the final records and plot
         return last_val
 
-    def _train_record(self, step, epoch, lr, losses_sum, metrics_sum, samples_per_s,
-                      data_wait) -> dict:
-        # Kept as tensors between logs: a float() per step would wait for the GPU every step.
-        values = {k: float(v) for k, v in {**losses_sum, **metrics_sum}.items()}
+    def _train_record(self, done: StepDone, samples_per_s: float, data_wait: float) -> dict:
+        # Kept on the device between logs: reading them every step would wait for the GPU.
+        values = dict(zip(done.names, done.stats.tolist()))
         summed = self.reducer.sum({**values, "_rate": samples_per_s, "_wait": data_wait})
-        record: dict = {"step": step, "epoch": epoch}
-        losses = {k: summed[k] / self.world for k in sorted(losses_sum)}
+        record: dict = {"step": done.step, "epoch": done.epoch}
+        losses = {k: summed[k] / self.world for k in sorted(done.names[:done.loss_count])}
         record["loss"] = sum(losses.values())
         record.update(losses)
         record.update(_accuracies(summed))
-        record["lr"] = lr
+        record["lr"] = done.lr
         record["samples_per_s"] = summed["_rate"]
         # The share of the time the loop waited for its batches (and their copy to the device):
         # near 0 when the data keeps up with the model.
@@ -413,7 +370,7 @@ class Trainer:
     def validate(self) -> dict[str, float]:
         """Losses and accuracies on the held-out split, with fixed masks (comparable over time);
         with the job's whole_validation also the accuracies on whole pairs (whole_<name>)."""
-        self.model.eval()
+        self.step.compute.eval()
         summed = self._validation_sums(whole=False)
         n = max(summed.pop("_rows"), 1.0)
         losses = {k: v / n for k, v in summed.items() if k.startswith("loss_")}
@@ -424,7 +381,7 @@ class Trainer:
             whole = _accuracies(self._validation_sums(whole=True))
             record.update({f"whole_{name}": value for name, value in whole.items()})
         record["pairs"] = int(n)
-        self.model.train()
+        self.step.compute.train()
         if self.log is not None:
             self.log.write(record)
         return record
@@ -435,14 +392,14 @@ class Trainer:
         sums: dict[str, float] = {}
         rows_seen = 0
         limit = self.config.data.val_batches
-        # The unwrapped module: ranks may hold one validation batch more than others, and a DDP
-        # forward would wait for a partner that never comes.
+        # The unwrapped (compute) module: ranks may hold one validation batch more than others,
+        # and a DDP forward would wait for a partner that never comes.
         for index, rows in enumerate(self.val_stream.batches()):
             if limit and index >= limit:
                 break
             batch = self._val_batch(index, rows, whole=whole)
-            losses, metrics = self._forward(
-                batch, _seed(self.config.run.seed, index, self.rank, 1), self.module
+            losses, metrics = self.step.forward(
+                batch, _seed(self.config.run.seed, index, self.rank, 1), self.step.compute
             )
             for name, value in losses.items():  # weighted by rows: the last batch is shorter
                 sums[name] = sums.get(name, 0.0) + float(value) * batch.size
@@ -462,14 +419,16 @@ class _Divergence:
     def __init__(self, device: torch.device):
         self.step = torch.zeros((), dtype=torch.long, device=device)
         self.epoch = torch.zeros((), dtype=torch.long, device=device)
-        self.losses: dict[str, torch.Tensor] = {}
+        self.losses: torch.Tensor | None = None
+        self.names: tuple[str, ...] = ()
 
-    def note(self, losses: dict[str, torch.Tensor], step: int, epoch: int) -> None:
-        first = (self.step == 0) & ~torch.isfinite(sum(losses.values()))
+    def note(self, losses: torch.Tensor, step: int, epoch: int, names: tuple[str, ...]) -> None:
+        """losses (L,): the step's mean losses, named by `names`."""
+        first = (self.step == 0) & ~torch.isfinite(losses.sum())
         self.step = torch.where(first, step, self.step)
         self.epoch = torch.where(first, epoch, self.epoch)
-        for name, value in losses.items():
-            self.losses[name] = torch.where(first, value, self.losses.get(name, value))
+        kept = losses if self.losses is None or self.losses.shape != losses.shape else self.losses
+        self.losses, self.names = torch.where(first, losses, kept), names
 
     def check(self, reducer: _Reducer, step: int) -> None:
         local = int(self.step)
@@ -477,7 +436,8 @@ class _Divergence:
             return
         where = "on another worker"
         if local:
-            values = ", ".join(f"{k} {float(v)}" for k, v in sorted(self.losses.items()))
+            found = dict(zip(self.names, self.losses.tolist()))
+            values = ", ".join(f"{k} {v}" for k, v in sorted(found.items()))
             where = f"at step {local} (epoch {int(self.epoch)}: {values})"
         raise DivergenceError(
             f"the loss became NaN or infinite {where}; stopped at step {step}, before logging, "
