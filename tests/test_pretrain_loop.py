@@ -109,10 +109,16 @@ def test_lxmert_run_records_and_learns(pretrain_world, tmp_path):
     assert json.loads((hf / "config.json").read_text())["model_type"] == "lxmert"
 
 
-@pytest.mark.parametrize("arch", ["lxmert", "visualbert", "vlbert", "vilbert"])
-def test_resume_repeats_the_uninterrupted_run(pretrain_world, tmp_path, monkeypatch, arch):
+@pytest.mark.parametrize("arch, precision", [
+    ("lxmert", "float32"), ("visualbert", "float32"), ("vlbert", "float32"),
+    ("vilbert", "float32"), ("lxmert", "bf16"),
+])
+def test_resume_repeats_the_uninterrupted_run(pretrain_world, tmp_path, monkeypatch, arch,
+                                              precision):
+    """Bit for bit, with bfloat16 weights too: the checkpoint holds the float32 master, whose
+    cast is the compute copy."""
     sets = ["run.max_steps=30", "run.epochs=100", "run.val_every=30", "run.checkpoint_every=10",
-            "data.batch_size=32"]
+            "data.batch_size=32", f"run.precision={precision}"]
     whole = tmp_path / "whole"
     run_training(pretrain_job, tiny_config(pretrain_world, arch, *sets), whole)
 
@@ -205,13 +211,18 @@ def test_the_fast_settings_keep_the_loss_trajectory(pretrain_world, tmp_path, co
         assert got[step] == pytest.approx(values, rel=1e-4, abs=1e-6), f"step {step}"
 
 
-@pytest.mark.parametrize("arch", ["lxmert", "visualbert", "vlbert", "vilbert"])
-def test_a_training_step_makes_no_host_sync(pretrain_world, tmp_path, arch):
+@pytest.mark.parametrize("arch, precision", [
+    ("lxmert", "float32"), ("visualbert", "float32"), ("vlbert", "float32"),
+    ("vilbert", "float32"), ("lxmert", "bf16"),
+])
+def test_a_training_step_makes_no_host_sync(pretrain_world, tmp_path, arch, precision):
     """Between logging steps the training process never waits for the device: a whole step of
     `Trainer.steps` (batch from a data worker, copy, forward, losses, backward, clipping, AdamW,
-    schedule), counted with torch's dispatch mode, makes no host sync."""
+    schedule; with bf16 the copies to and from the master), counted with torch's dispatch mode,
+    makes no host sync."""
     config = tiny_config(pretrain_world, arch, "run.max_steps=4", "run.epochs=100",
-                         "run.shapes=static", "run.data_workers=1")
+                         "run.shapes=static", "run.data_workers=1",
+                         f"run.precision={precision}")
     trainer = Trainer(pretrain_job(to_dict(config), 0, 1), tmp_path / "run")
     steps = trainer.steps()
     next(steps)  # the first step: the data worker starts

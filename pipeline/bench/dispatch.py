@@ -11,7 +11,7 @@
   Python bool), blocking copies between the host and a GPU (either way; `non_blocking` ones do
   not wait), and the waits of `extractor.host.fetch` (profiler ranges named "host sync: ...": its
   non-blocking copies are not waits themselves).
-- casts: the ops that convert floating-point tensors between dtypes (`_to_copy`, `copy_` and
+- casts: the ops that convert floating-point tensors between floating-point dtypes (`_to_copy`, `copy_` and
   `_foreach_copy_` whose source and target dtypes differ; a multi-tensor copy counts once, as it
   launches once): what autocast adds to a step, and what bfloat16 weights with float32 master
   weights take away (pipeline/train/precision.py).
@@ -62,9 +62,11 @@ def _is_cast(func, args: tuple, kwargs: dict) -> bool:
     name = func._schema.name
     if name == "aten::_to_copy":
         dtype = kwargs.get("dtype")
-        return dtype is not None and args[0].is_floating_point() and dtype != args[0].dtype
+        return (dtype is not None and dtype.is_floating_point and args[0].is_floating_point()
+                and dtype != args[0].dtype)
     if name == "aten::copy_":
-        return args[0].dtype != args[1].dtype and args[1].is_floating_point()
+        return (args[0].dtype != args[1].dtype and args[0].is_floating_point()
+                and args[1].is_floating_point())
     if name == "aten::_foreach_copy_":
         return any(a.dtype != b.dtype for a, b in zip(args[0], args[1]))
     return False
