@@ -20,6 +20,11 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert "aten::" in profile["kernels"][0]["name"] and profile["busy"] is None
     assert 0 < profile["device_ms_per_image"] and 0 < profile["wall_ms_per_image"]
     assert [r["model"] for r in report["training"]["results"]][0].startswith("ours")
+    steps = report["step"]  # --quick: the four tiny architectures, float32 and bf16
+    assert [r["arch"] for r in steps["results"]] == ["lxmert", "visualbert", "vlbert", "vilbert"]
+    assert [r["variant"] for r in steps["results"][0]["rows"]] == ["float32", "bf16",
+                                                                   "transformers"]
+    assert all(r["syncs_per_step"] == 0 for a in steps["results"] for r in a["rows"])
     end_to_end = report["end_to_end"]  # --quick: the world detector and VL-BERT tiny, batch 2
     assert (end_to_end["settings"]["size"], end_to_end["settings"]["device"]) == ("tiny", "cpu")
     assert [r["batch"] for r in end_to_end["results"]] == [2]
@@ -29,6 +34,7 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert "python -m pipeline.bench.gpu --quick" in text
     assert "## Where the detector's time goes" in text and "fp32, batch 2: " in text
     assert "## End-to-end training" in text and "trunk weights changed" in text
+    assert "## The training step of the four architectures" in text and "| vilbert | bf16 |" in text
 
 
 def test_the_gpu_tests_are_collected_from_their_own_files_only():

@@ -1,11 +1,11 @@
-"""`pipeline bench extract | pretrain | model | end-to-end`: the benchmarks (each module says what
-it measures)."""
+"""`pipeline bench extract | pretrain | model | step | end-to-end`: the benchmarks (each module
+says what it measures)."""
 
 from __future__ import annotations
 
 import argparse
 
-from pipeline.bench import model, pretrain
+from pipeline.bench import model, pretrain, step
 from pipeline.common.arguments import Actions
 from pipeline.extract.command import add_weights_args
 
@@ -24,6 +24,14 @@ MODEL_DESCRIPTION = (
     "implementation with the same weights, batch and loss, alternating rounds, and print "
     "samples/s, ms/step, peak GPU memory and the ratio ours / transformers. Also runs as "
     "`python -m pipeline.bench.model` with only torch and transformers installed."
+)
+STEP_DESCRIPTION = (
+    "Time the training step as the trainer runs it (forward, the objective's losses, backward, "
+    "clipping, AdamW) for each architecture with its pretraining objective, in variants side by "
+    "side: eager float32, autocast or bf16 weights with float32 master weights, captured as a "
+    "CUDA graph, compiled layers, and transformers' LXMERT. Prints samples/s, ms and CPU ms per "
+    "step, ops, casts and host syncs per step, GFLOP and MFU, and the ratios. Also runs as "
+    "`python -m pipeline.bench.step` with only torch and transformers installed."
 )
 END_TO_END_DESCRIPTION = (
     "Time one training step of VL-BERT with the detector trained end to end (visual.trainable): "
@@ -91,6 +99,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                                   "workers", pretrain.__doc__, config=False))
     model.add_args(actions.add("model", "training samples/s of our model against transformers' "
                                "(same weights and work)", MODEL_DESCRIPTION, config=False))
+    step.add_args(actions.add("step", "training samples/s of the four architectures' step in "
+                              "each variant (precision, CUDA graph, compile)", STEP_DESCRIPTION,
+                              config=False))
     add_end_to_end_args(actions.add("end-to-end", "images/s of one training step with the "
                                     "detector trained end to end (VL-BERT)",
                                     END_TO_END_DESCRIPTION, config=False))
@@ -105,4 +116,4 @@ def run(args: argparse.Namespace) -> int:
         from pipeline.bench import end_to_end
 
         return end_to_end.run(args)
-    return {"pretrain": pretrain.run, "model": model.run}[args.bench_verb](args)
+    return {"pretrain": pretrain.run, "model": model.run, "step": step.run}[args.bench_verb](args)

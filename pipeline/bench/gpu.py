@@ -9,10 +9,15 @@
 3. where the detector's time goes: the Extractor alone under torch's profiler, bf16 at batches
    16 and 32 (pipeline/bench/extract_profile.py): each kernel's time per batch and per image, and
    how busy the GPU was;
-4. `python -m pipeline.bench.model --loop`: our LXMERT training step against transformers', and
-   the whole pretraining loop (data, batch building, copy, objective, model, optimizer) against
-   the same model and objective on a resident batch (`--compile`: with run.compile);
-5. `pipeline bench end-to-end`: one training step of VL-BERT-base with the real R101 trained end
+4. `python -m pipeline.bench.model --loop --cuda-graph`: our LXMERT training step against
+   transformers', and the whole pretraining loop (data, batch building, copy, objective, model,
+   optimizer; run.precision auto: bf16 weights with float32 master weights) against the same
+   model and objective on a resident batch, eager and captured as a CUDA graph (`--compile`: with
+   run.compile);
+5. `python -m pipeline.bench.step`: the training step of all four architectures at paper size,
+   batch 256, in bf16 autocast (the step before issue 40), bf16 master weights, and captured as a
+   CUDA graph, and transformers' LXMERT (`--compile`: also with compiled layers);
+6. `pipeline bench end-to-end`: one training step of VL-BERT-base with the real R101 trained end
    to end (random weights), batches 8 and 16 of 600x800 photos in bf16: images/s, peak memory,
    the front end's share of the step.
 
@@ -36,7 +41,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.bench import end_to_end, loop, model
+from pipeline.bench import end_to_end, loop, model, step
 from pipeline.bench.extract import (
     bench_extract, bench_refs, format_table, hardware, peaked_bench_weights,
 )
@@ -115,6 +120,7 @@ def detector_profiles(quick: bool, device: str | None, weights: str) -> list[dic
 
 def training(quick: bool, device: str | None, json_path: Path, compiled: bool = False) -> dict:
     argv = ["--arch", "lxmert", "--loop", "--json", str(json_path)]
+    argv += [] if quick else ["--cuda-graph"]
     argv += ["--device", device] if device else []
     argv += ["--compile", "ours"] if compiled else []
     if quick:
@@ -125,6 +131,19 @@ def training(quick: bool, device: str | None, json_path: Path, compiled: bool = 
     if model.run(parser.parse_args(argv)) != 0:
         raise RuntimeError("the model benchmark failed")
     return json.loads(json_path.read_text())
+
+
+def step_variants(quick: bool, device: str | None, compiled: bool = False) -> dict:
+    """bench step of the four architectures (--quick: tiny, float32 and bf16 on a CPU)."""
+    variants = ["float32", "bf16"] if quick else ["autocast", "bf16", "bf16+graph"]
+    variants += ["bf16+compile+graph"] if compiled and not quick else []
+    argv = ["--arch", "all", "--variants", ",".join([*variants, "transformers"]),
+            "--rounds", "1" if quick else "3"]
+    argv += ["--device", device] if device else []
+    argv += ["--steps", "1", "--warmup", "0", "--batch-size", "4"] if quick else []
+    parser = argparse.ArgumentParser()
+    step.add_args(parser)
+    return step.bench_step(step.resolve(parser.parse_args(argv), torch.cuda.is_available()))
 
 
 def end_to_end_training(quick: bool, device: str | None) -> dict:
@@ -156,6 +175,8 @@ def write_report(report: dict, out: Path) -> str:
         "## Training: our LXMERT against transformers', and the pretraining loop", "",
         model.format_report(report["training"]), "",
         loop.format_loop(report["training"]["loop"]), "",
+        "## The training step of the four architectures, variant by variant", "",
+        step.format_report(report["step"]), "",
         "## End-to-end training: VL-BERT with the detector's trunk trained (visual.trainable)", "",
         end_to_end.format_report(report["end_to_end"]), "",
     ]
@@ -188,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         report["profile"] = detector_profiles(args.quick, args.device, weights)
     report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json",
                                   args.compile)
+    report["step"] = step_variants(args.quick, args.device, args.compile)
     report["end_to_end"] = end_to_end_training(args.quick, args.device)
     report["seconds"] = time.time() - started
     print(write_report(report, out))

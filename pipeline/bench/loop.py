@@ -50,7 +50,8 @@ def loop_model_config(pair, size: str):
 
 
 def loop_config(s, model_config, corpus: Path, shards: Path, tokenizer: Path | None, *,
-                data_workers: int, shapes: str) -> PretrainConfig:
+                data_workers: int, shapes: str, precision: str = "auto",
+                cuda_graph: bool = False) -> PretrainConfig:
     """The pretraining config the loop runs: LXMERT's five tasks (QA from the start), the
     benchmark's batch, regions and text length, no logging, checkpoint or validation."""
     never = 10**9  # no log, checkpoint or validation step; 1000 epochs (of 8 steps) suffice
@@ -65,9 +66,8 @@ def loop_config(s, model_config, corpus: Path, shards: Path, tokenizer: Path | N
         optim=OptimConfig(),
         run=RunConfig(
             epochs=1000, log_every=never, checkpoint_every=never, workers=0,
-            device=s.device.split(":")[0], precision="autocast" if s.dtype == "bf16" else "float32",
-            data_workers=data_workers,
-            shapes=shapes, compile=s.compile != "none",
+            device=s.device.split(":")[0], precision=precision, data_workers=data_workers,
+            shapes=shapes, compile=s.compile != "none", cuda_graph=cuda_graph,
         ),
     ).check()
 
@@ -77,9 +77,11 @@ def _images(s) -> int:
     return max(64, 8 * s.batch_size // PAIRS_PER_IMAGE + 16)
 
 
-def bench_loop(s, model_config, *, data_workers: int, shapes: str) -> dict[str, Any]:
+def bench_loop(s, model_config, *, data_workers: int, shapes: str, precision: str = "auto",
+               graphs: tuple[bool, ...] = (False,)) -> dict[str, Any]:
     """Loop and model-alone rows (samples/s median and spread, ms and CPU ms per step, data wait,
-    ops and syncs per step, FLOPs per step, MFU), as a JSON-ready dict."""
+    ops, syncs and casts per step, FLOPs per step, MFU), as a JSON-ready dict; for each of
+    `graphs` (run.cuda_graph off and on): a Trainer of its own, "graph" in its rows' names."""
     device = torch.device(s.device)
     with tempfile.TemporaryDirectory(prefix="bench_loop_") as tmp:
         root = Path(tmp)
@@ -88,40 +90,48 @@ def bench_loop(s, model_config, *, data_workers: int, shapes: str) -> dict[str, 
             answers=model_config.num_answers, objects=model_config.num_objects,
             attributes=model_config.num_attributes, seed=s.seed,
         )
-        config = loop_config(s, model_config, corpus, shards, tokenizer,
-                             data_workers=data_workers, shapes=shapes)
-        with contextlib.redirect_stdout(None):
-            job = pretrain_job(to_dict(config), 0, 1)
-        trainer = Trainer(job, root / "run")
-        return _measure(s, trainer, device)
+        trainers = {}
+        for graph in graphs:
+            config = loop_config(s, model_config, corpus, shards, tokenizer,
+                                 data_workers=data_workers, shapes=shapes, precision=precision,
+                                 cuda_graph=graph)
+            with contextlib.redirect_stdout(None):
+                job = pretrain_job(to_dict(config), 0, 1)
+            trainers[", graph" if graph else ""] = Trainer(job, root / f"run{int(graph)}")
+        return _measure(s, trainers, device)
 
 
-def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
+def _measure(s, trainers: dict[str, Trainer], device: torch.device) -> dict[str, Any]:
     cuda = device.type == "cuda"
-    steps = trainer.steps()
-    builder = BatchBuilder(trainer.train_stream, trainer.objective, trainer.texts,
-                           seed=s.seed, rank=0)
-    rows = next(trainer.train_stream.batches(0))
-    resident = builder.build(Micro(0, 0, 0), rows).to(device)
+    runs, waits = {}, {}
+    for suffix, trainer in trainers.items():
+        steps = trainer.steps()
+        builder = BatchBuilder(trainer.train_stream, trainer.objective, trainer.texts,
+                               seed=s.seed, rank=0)
+        resident = builder.build(Micro(0, 0, 0), next(trainer.train_stream.batches(0)))
+        resident = resident.to(device)
+        waited: list[float] = []  # each loop step's wait for its batch (and its copy), in order
 
-    def model_step() -> None:
-        trainer.train_step(resident, s.seed)
+        def loop_step(trainer=trainer, steps=steps, waited=waited) -> None:
+            before = trainer.data_wait
+            next(steps)
+            waited.append(trainer.data_wait - before)
 
-    waits: list[float] = []  # each loop step's wait for its batch (and its copy), in order
+        def model_step(trainer=trainer, resident=resident) -> None:
+            trainer.train_step(resident, s.seed)
 
-    def loop_step() -> None:
-        before = trainer.data_wait
-        next(steps)
-        waits.append(trainer.data_wait - before)
-
-    # The loop first: with run.compile its warm-up steps hold the compilation.
-    runs = {"loop": loop_step, "model alone": model_step}
+        # The loop first: its warm-up steps hold a compilation or a capture.
+        runs[f"loop{suffix}"], runs[f"model alone{suffix}"] = loop_step, model_step
+        waits[f"loop{suffix}"] = waited
     timing = time_rounds(runs, device, s)
-    timed_wait = sum(waits[s.warmup:])  # the model alone waits for nothing
     counts = {name: count_dispatch(run)[1] for name, run in runs.items()}
-    with FlopCounterMode(display=False) as flops:
-        model_step()
-    peak = peak_tflops(torch.cuda.get_device_name(device), s.dtype) if cuda else None
+    first = next(iter(trainers.values()))
+    with FlopCounterMode(display=False) as flops:  # what a step runs (a replay shows nothing)
+        first.step.micro(resident, s.seed)
+        first.step.update()
+    precision = first.step.precision.name
+    peak = (peak_tflops(torch.cuda.get_device_name(device), "fp32" if precision == "float32"
+                        else "bf16") if cuda else None)
     rows_out = []
     for name in runs:
         t = timing[name]
@@ -135,44 +145,52 @@ def _measure(s, trainer: Trainer, device: torch.device) -> dict[str, Any]:
             "round_samples_per_s": rates,
             "ms_per_step": sum(t.wall) * per_step,
             "cpu_ms_per_step": sum(t.cpu) * per_step,
-            "data_wait_ms_per_step": (timed_wait if name == "loop" else 0.0) * per_step,
+            # the model alone waits for nothing
+            "data_wait_ms_per_step": sum(waits.get(name, [])[s.warmup:]) * per_step,
             "ops_per_step": counts[name].ops,
             "syncs_per_step": counts[name].syncs,
+            "casts_per_step": counts[name].casts,
             "sync_ops": dict(counts[name].sync_ops),
             "gflop_per_step": flops.get_total_flops() / 1e9,
             "mfu": (flops.get_total_flops() * rate / s.batch_size / (peak * 1e12)
                     if peak else None),
             "warmup_s": t.warmup_s,
         })
-    loop, alone = rows_out
+    rate = {row["run"]: row["samples_per_s"] for row in rows_out}
     return {
         "settings": dataclasses.asdict(s),
-        "data_workers": data_workers(trainer.config.run, device),
-        "shapes": "static" if static_shapes(trainer.config.run, device) else "dynamic",
+        "precision": precision,
+        "data_workers": data_workers(first.config.run, device),
+        "shapes": "static" if static_shapes(first.config.run, device) else "dynamic",
         "results": rows_out,
-        "loop_over_model": loop["samples_per_s"] / alone["samples_per_s"],
+        # loop / model alone, without and with a graph ("" and ", graph")
+        "loop_over_model": {suffix: rate[f"loop{suffix}"] / rate[f"model alone{suffix}"]
+                            for suffix in trainers},
     }
 
 
 def format_loop(report: dict[str, Any]) -> str:
     lines = [
         f"pretraining loop (pipeline pretrain's Trainer.steps, data_workers "
-        f"{report['data_workers']}, shapes {report['shapes']}) against the same model and "
-        f"objective on one resident batch; median of {report['settings']['rounds']} rounds",
+        f"{report['data_workers']}, shapes {report['shapes']}, precision {report['precision']}) "
+        f"against the same model and objective on one resident batch; median of "
+        f"{report['settings']['rounds']} rounds",
         "| run | samples/s (min-max) | ms/step | CPU ms/step | data wait ms/step | ops/step | "
-        "syncs/step | GFLOP/step | MFU | warm-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "casts/step | syncs/step | GFLOP/step | MFU | warm-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in report["results"]:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         lines.append(
             f"| {r['run']} | {r['samples_per_s']:.1f} ({r['spread'][0]:.1f}-{r['spread'][1]:.1f}) "
             f"| {r['ms_per_step']:.2f} | {r['cpu_ms_per_step']:.2f} | "
-            f"{r['data_wait_ms_per_step']:.2f} | {r['ops_per_step']} | {r['syncs_per_step']} | "
+            f"{r['data_wait_ms_per_step']:.2f} | {r['ops_per_step']} | {r['casts_per_step']} | "
+            f"{r['syncs_per_step']} | "
             f"{r['gflop_per_step']:.1f} | {mfu} | {r['warmup_s']:.1f} |"
         )
-    line = f"loop / model alone: {report['loop_over_model']:.2f}"
-    if "model_over_transformers" in report:
-        line += f"; model alone / transformers: {report['model_over_transformers']:.2f}x"
+    line = "; ".join(f"loop{suffix} / model alone{suffix}: {ratio:.2f}"
+                     for suffix, ratio in report["loop_over_model"].items())
+    for suffix, ratio in report.get("model_over_transformers", {}).items():
+        line += f"; model alone{suffix} / transformers: {ratio:.2f}x"
     lines.append(line)
     return "\n".join(lines)

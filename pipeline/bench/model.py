@@ -96,6 +96,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="with --loop: run.data_workers (default -1: 4 on a GPU, 0 on a CPU)")
     parser.add_argument("--shapes", choices=["auto", "static", "dynamic"], default="auto",
                         help="with --loop: run.shapes (default auto: static on a GPU)")
+    parser.add_argument("--precision", choices=["auto", "float32", "autocast", "bf16"],
+                        default="auto", help="with --loop: run.precision (default auto: bf16 "
+                        "weights with float32 master weights on a GPU, float32 on a CPU)")
+    parser.add_argument("--cuda-graph", action="store_true",
+                        help="with --loop: the loop and the model alone again with run.cuda_graph "
+                        "(the whole step captured and replayed), in the same rounds")
     parser.add_argument("--json", metavar="OUT", help="also write the results to this JSON file")
 
 
@@ -302,11 +308,14 @@ def run(args: argparse.Namespace) -> int:
             config = loop_model_config(importlib.import_module(BENCHED[settings.arch]),
                                        settings.size)
             report = bench_model(settings, config)
-            report["loop"] = bench_loop(settings, config, data_workers=args.data_workers,
-                                        shapes=args.shapes)
-            alone = report["loop"]["results"][1]["samples_per_s"]
-            report["loop"]["model_over_transformers"] = alone / report["results"][1][
-                "samples_per_s"]
+            graphs = (False, True) if args.cuda_graph else (False,)
+            loop = bench_loop(settings, config, data_workers=args.data_workers,
+                              shapes=args.shapes, precision=args.precision, graphs=graphs)
+            theirs = report["results"][1]["samples_per_s"]
+            rate = {row["run"]: row["samples_per_s"] for row in loop["results"]}
+            loop["model_over_transformers"] = {
+                suffix: rate[f"model alone{suffix}"] / theirs for suffix in loop["loop_over_model"]}
+            report["loop"] = loop
     except ValueError as err:
         print(f"bench model: {err}", file=sys.stderr)
         return 2
