@@ -179,9 +179,18 @@ def test_one_image_batch_stays_matched(tokenizer):
     assert batch.targets["match_labels"].tolist() == [1] * 6
 
 
+def targets_of(batch) -> dict:
+    """The targets `compute` hands to `losses`: the batch's, the unmasked features the feature
+    target."""
+    return {**batch.targets, "feat_target": batch.inputs["features"]}
+
+
 def test_object_masking_zero_swap_keep(big):
+    """The masking's recipe, applied as the model gets it (`model_inputs`), against the batch's
+    unmasked features."""
     pairs, samples, batch = big
-    feats, original = batch.inputs["features"], batch.targets["feat_target"]
+    feats = LxmertObjective.model_inputs(batch)["features"]
+    original = batch.inputs["features"]
     real = batch.inputs["region_mask"].bool()
     chosen = batch.targets["masked_regions"].bool()
     assert not (chosen & ~real).any()
@@ -286,7 +295,8 @@ def test_whole_batch_masks_nothing_but_still_swaps(tokenizer):
     assert torch.equal(batch.inputs["input_ids"][matched][:, :width], ids)
     assert batch.targets["mlm_labels"].shape == (0,)
     assert not batch.targets["masked_regions"].any()
-    assert torch.equal(batch.inputs["features"], batch.targets["feat_target"])
+    assert "feature_source" not in batch.targets  # nothing to mask: no recipe
+    assert LxmertObjective.model_inputs(batch) is batch.inputs
 
 
 def test_same_seed_same_batch(tokenizer):
@@ -343,8 +353,8 @@ def test_visual_losses_and_qa_score_by_hand(tokenizer):
     assert torch.equal(chosen, batch_m.targets["masked_regions"].bool())
     assert chosen.any() and (real & ~chosen).any()
     out = hand_outputs(batch)
-    losses, metrics = official.losses(out, batch.targets)
-    losses_m, _ = masked.losses(out, batch_m.targets)
+    losses, metrics = official.losses(out, targets_of(batch))
+    losses_m, _ = masked.losses(out, targets_of(batch_m))
     assert set(losses) == ALL_LOSSES
 
     B, N = real.shape
@@ -427,7 +437,7 @@ def test_mlm_at_masked_positions_equals_full_vocabulary_scoring(tokenizer):
     grads = torch.autograd.grad(sum(losses.values()), list(model.parameters()))
     losses = {k: v.detach() for k, v in losses.items()}
     # The reference: every token scored, the formulas the objective used before.
-    full_inputs = {k: v for k, v in batch.inputs.items() if k != "mlm_index"}
+    full_inputs = {k: v for k, v in obj.model_inputs(batch).items() if k != "mlm_index"}
     full = model(**full_inputs)
     B, T = labels.shape
     assert full.lang_prediction_logits.shape == (B, T, len(tokenizer))
@@ -437,14 +447,14 @@ def test_mlm_at_masked_positions_equals_full_vocabulary_scoring(tokenizer):
     assert [float(x) for x in metrics["mlm_acc"]] == [float(x) for x in want_acc]
     # The scored logits are the full ones at the masked tokens, in row-major order.
     with torch.no_grad():
-        scored = model(**batch.inputs).lang_prediction_logits
+        scored = model(**obj.model_inputs(batch)).lang_prediction_logits
     torch.testing.assert_close(
         scored, full.lang_prediction_logits.detach()[positions], rtol=1e-5, atol=1e-5
     )
     # ...and the training step is the same: the other losses as they were, the same gradients.
     # (every token gathered: B * T logits and labels)
     full.lang_prediction_logits = full.lang_prediction_logits.flatten(0, 1)
-    full_targets = {**batch.targets, "mlm_labels": labels.flatten()}
+    full_targets = {**targets_of(batch), "mlm_labels": labels.flatten()}
     full_losses, _ = obj.losses(full, full_targets)
     full_grads = torch.autograd.grad(sum(full_losses.values()), list(model.parameters()))
     assert set(full_losses) == ALL_LOSSES
@@ -460,9 +470,9 @@ def test_nothing_masked_gives_zero_mlm_loss_that_reaches_the_head(tokenizer):
     obj = objective(tokenizer, word_mask_prob=0.0)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=0)
     assert batch.inputs["mlm_index"].shape == (0,)
-    out = model(**batch.inputs)
+    out = model(**obj.model_inputs(batch))
     assert out.lang_prediction_logits.shape == (0, len(tokenizer))
-    losses, metrics = obj.losses(out, batch.targets)
+    losses, metrics = obj.losses(out, targets_of(batch))
     assert float(losses["loss_mlm"].detach()) == 0.0
     assert [float(x) for x in metrics["mlm_acc"]] == [0.0, 0.0]
     losses["loss_mlm"].backward()
@@ -500,9 +510,9 @@ def test_disabled_tasks_give_no_keys(tokenizer):
     assert obj.config.visual_losses == ("feat",)
     batch = obj.make_batch(pairs, samples, np.random.default_rng(0), epoch=10)
     assert set(batch.targets) == {
-        "match_labels", "masked_regions", "region_positions", "feat_target"}
+        "match_labels", "masked_regions", "region_positions", "feature_source", "feature_zeroed"}
     assert "mlm_index" not in batch.inputs  # the model then scores every token, unused
-    losses, metrics = obj.losses(hand_outputs(batch), batch.targets)
+    losses, metrics = obj.losses(hand_outputs(batch), targets_of(batch))
     assert set(losses) == {"loss_match", "loss_feat"} and set(metrics) == {"match_acc"}
     off = objective(tokenizer, matching=False, object_prediction=False)
     batch = off.make_batch(pairs, samples, np.random.default_rng(0), epoch=10)

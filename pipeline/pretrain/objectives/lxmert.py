@@ -11,7 +11,10 @@ make_batch, per row of the batch, in this order (every draw from the trainer's `
 3. objects: `object_mask_prob` of the real regions are chosen; 80% get a zero feature, 10% the
    feature of a random region of another image in the batch (official: of a random image of the
    dataset), 10% stay. Targets: detector object / attribute ids (CE) and the original feature
-   (SmoothL1), all times `visual_loss_weight`.
+   (SmoothL1), all times `visual_loss_weight`. The batch carries the features once, unmasked,
+   with the masking's recipe (`mask_regions`); `compute` applies it on the device
+   (`masked_features`): a copy of every feature made on the host and shipped beside the
+   originals was half of a batch's bytes (76 MB of a batch of 256 at 36 x 2048 float16).
 4. QA: a matched row whose pair has answers, from epoch `qa_from_epoch` on, is labelled with one
    answer drawn with probability proportional to its score (the paper's "last 10 of 20 epochs").
 
@@ -133,30 +136,30 @@ class LxmertObjectiveConfig:
 
 
 def mask_regions(
-    features: torch.Tensor,
     region_mask: torch.Tensor,
     images: Sequence[str],
     rng: np.random.Generator,
     *,
     prob: float,
     width: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """LXMERT's object masking: each real region is chosen with `prob`; a chosen one gets a zero
-    feature (80%), the feature of a random real region of a row showing another image (10%: a
-    uniform row among those with regions, then a uniform region of it; kept when there is none)
-    or keeps its own (10%).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """LXMERT's object masking, as a recipe for `masked_features`: each real region is chosen
+    with `prob`; a chosen one gets a zero feature (80%), the feature of a random real region of a
+    row showing another image (10%: a uniform row among those with regions, then a uniform region
+    of it; kept when there is none) or keeps its own (10%).
 
-    features (B, N, D) float, region_mask (B, N) {0, 1}, images: the B rows' image keys ->
-    (masked features (B, N, D), chosen (B, N) bool). width: the largest N (max_boxes); draws
-    cover that many columns (`uniform`), padded or not.
+    region_mask (B, N) {0, 1}, images: the B rows' image keys -> (source (B, N) long: the
+    position b * N + n whose original feature each region is given, its own or a donor's;
+    zeroed (B, N) bool; chosen (B, N) bool). width: the largest N (max_boxes); draws cover that
+    many columns (`uniform`), padded or not.
     """
     B, N = region_mask.shape
     real = region_mask.bool()
     chosen = (uniform(rng, (B, N), width) < prob) & real
     action = uniform(rng, (B, N), width)
-    masked = features.clone()
-    masked[chosen & (action < _ZERO_BELOW)] = 0.0
+    zeroed = chosen & (action < _ZERO_BELOW)
     swap = chosen & (action >= _ZERO_BELOW) & (action < _SWAP_BELOW)
+    source = torch.arange(B * N).view(B, N)
     real_positions = [row.nonzero().flatten().tolist() for row in real]  # B lists of region indices
     donors: dict[str, list[int]] = {}
     for i, n in swap.nonzero().tolist():
@@ -167,8 +170,16 @@ def mask_regions(
             continue
         j = donors[key][int(rng.integers(len(donors[key])))]
         k = real_positions[j][int(rng.integers(len(real_positions[j])))]
-        masked[i, n] = features[j, k]  # the donor's original feature, never a masked one
-    return masked, chosen
+        source[i, n] = j * N + k  # the donor's original feature, never a masked one
+    return source, zeroed, chosen
+
+
+def masked_features(features: torch.Tensor, source: torch.Tensor,
+                    zeroed: torch.Tensor) -> torch.Tensor:
+    """features (B, N, D) with `mask_regions`' recipe applied: each region's feature read from
+    its source position, the zeroed ones 0. Two ops, on the device with the batch."""
+    moved = features.flatten(0, 1).index_select(0, source.flatten()).view_as(features)
+    return moved.masked_fill(zeroed[..., None], 0.0)
 
 
 def sample_answer(answers: dict[int, float], rng: np.random.Generator) -> int:
@@ -187,10 +198,10 @@ class LxmertObjective(PretrainObjective):
     """LXMERT's masked LM, matching, masked object prediction and QA, for LxmertForPreTraining.
 
     TrainBatch.inputs: input_ids, attention_mask, token_type_ids (B, T); features (B, N, D),
-    boxes (B, N, 4), region_mask (B, N), or None (static shapes, every region real); with the MLM
-    task, mlm_index (M,) long, the masked tokens' positions b * T + t, padded with 0
-    (PretrainObjective.masked_tokens), the only ones the model's MLM head then scores (logits
-    (M, V)).
+    unmasked (the model gets them masked: `model_inputs`), boxes (B, N, 4), region_mask (B, N),
+    or None (static shapes, every region real); with the MLM task, mlm_index (M,) long, the
+    masked tokens' positions b * T + t, padded with 0 (PretrainObjective.masked_tokens), the only
+    ones the model's MLM head then scores (logits (M, V)).
     TrainBatch.targets, present when their task is on:
         mlm_labels (M,) long, the tokens' ids, IGNORE_INDEX in the padding;
         match_labels (B,) long, 1 matched / 0 not;
@@ -199,7 +210,8 @@ class LxmertObjective(PretrainObjective):
             denominator; N with dynamic shapes);
         obj_labels, attr_labels (B, N) long (padding -1 made 0: its weight is 0);
         obj_weight, attr_weight (B, N) float, detector confidence (see confidence_weighting);
-        feat_target (B, N, D) float, the unmasked features;
+        feature_source (B, N) long and feature_zeroed (B, N) bool, the masking's recipe
+            (`mask_regions`), unless nothing can be masked (object_mask_prob 0, `whole`);
         qa_labels (B,) long, IGNORE_INDEX for rows without a QA label;
         qa_answer_ids (B, K) long, -1 padded, qa_answer_scores (B, K) float: each labelled row's
             answers and scores, for the official QA score.
@@ -256,12 +268,12 @@ class LxmertObjective(PretrainObjective):
 
         # 3. Regions and object masking.
         regions = self.collate(samples)
-        features = regions.features  # (B, N, D)
         if cfg.object_prediction:
-            features, chosen = mask_regions(
-                regions.features, regions.region_mask, images, rng,
-                prob=0.0 if whole else cfg.object_mask_prob, width=self.max_boxes,
-            )
+            prob = 0.0 if whole else cfg.object_mask_prob
+            source, zeroed, chosen = mask_regions(regions.region_mask, images, rng, prob=prob,
+                                                  width=self.max_boxes)
+            if prob > 0:
+                targets["feature_source"], targets["feature_zeroed"] = source, zeroed
             targets["masked_regions"] = chosen.float()
             largest = int(regions.region_mask.sum(1).max())  # N before any static padding
             targets["region_positions"] = torch.tensor(float(B * largest))
@@ -273,10 +285,8 @@ class LxmertObjective(PretrainObjective):
             if "attr" in cfg.visual_losses:
                 targets["attr_labels"] = regions.attr_ids.clamp_min(0)
                 targets["attr_weight"] = regions.attr_conf * counted
-            if "feat" in cfg.visual_losses:
-                targets["feat_target"] = regions.features
         inputs.update(
-            features=features, boxes=regions.boxes_xyxy_norm,
+            features=regions.features, boxes=regions.boxes_xyxy_norm,
             region_mask=self.region_mask_input(regions.region_mask),
         )
 
@@ -314,13 +324,27 @@ class LxmertObjective(PretrainObjective):
     def compute(
         self, model: nn.Module, batch: TrainBatch
     ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """One forward of an LxmertForPreTraining, then `losses`."""
-        return self.losses(model(**batch.inputs), batch.targets)
+        """One forward of an LxmertForPreTraining on `model_inputs`, then `losses` (the feature
+        target: the batch's unmasked features)."""
+        targets = {**batch.targets, "feat_target": batch.inputs["features"]}
+        return self.losses(model(**self.model_inputs(batch)), targets)
+
+    @staticmethod
+    def model_inputs(batch: TrainBatch) -> dict[str, torch.Tensor]:
+        """The model's keyword arguments: the batch's inputs, its features masked by its recipe
+        (`masked_features`) where it has one."""
+        source = batch.targets.get("feature_source")
+        if source is None:
+            return batch.inputs
+        features = masked_features(batch.inputs["features"], source,
+                                   batch.targets["feature_zeroed"])
+        return {**batch.inputs, "features": features}
 
     def losses(
         self, out, targets: dict[str, torch.Tensor]
     ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """An LxmertPreTrainingOutput and the batch's targets -> (losses, metrics)."""
+        """An LxmertPreTrainingOutput and the batch's targets, with feat_target (B, N, D) the
+        unmasked features when "feat" is learned -> (losses, metrics)."""
         cfg = self.config
         losses: dict[str, torch.Tensor] = {}
         metrics: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
