@@ -25,6 +25,9 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert [r["variant"] for r in steps["results"][0]["rows"]] == ["float32", "bf16",
                                                                    "transformers"]
     assert all(r["syncs_per_step"] == 0 for a in steps["results"] for r in a["rows"])
+    attention, = report["attention"]["rows"][:1]  # --quick: text over text, batch 4, CPU
+    assert (attention["queries"], attention["keys"], attention["mask"]) == (20, 20, True)
+    assert attention["math"] > 0 and attention["written out"] > 0 and attention["flash"] is None
     end_to_end = report["end_to_end"]  # --quick: the world detector and VL-BERT tiny, batch 2
     assert (end_to_end["settings"]["size"], end_to_end["settings"]["device"]) == ("tiny", "cpu")
     assert [r["batch"] for r in end_to_end["results"]] == [2]
@@ -35,6 +38,7 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert "## Where the detector's time goes" in text and "fp32, batch 2: " in text
     assert "## End-to-end training" in text and "trunk weights changed" in text
     assert "## The training step of the four architectures" in text and "| vilbert | bf16 |" in text
+    assert "## One attention call, kernel by kernel" in text and "| 20 | 20 | bias |" in text
 
 
 def test_the_gpu_tests_are_collected_from_their_own_files_only():

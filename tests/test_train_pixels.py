@@ -146,7 +146,7 @@ def test_images_and_boxes_are_the_extractors(samples, extractor, resize, size_mu
     assert samples[0].num_boxes > MAX_BOXES and samples[2].num_boxes == 0
 
 
-def test_the_other_inputs_are_unchanged_and_features_gone(samples):
+def test_the_other_inputs_are_unchanged_and_features_move_to_the_targets(samples):
     batch = _batch(samples)
     before = {k: v.clone() for k, v in batch.inputs.items()}
     got = add_pixels(batch, samples, np.random.default_rng(0), _config(flip_prob=1.0))
@@ -158,7 +158,10 @@ def test_the_other_inputs_are_unchanged_and_features_gone(samples):
     # Text rows' boxes as they were; the batch given is not changed (every row was flipped).
     assert torch.equal(got.inputs["boxes"][3:], before["boxes"][3:])
     assert all(torch.equal(batch.inputs[k], v) for k, v in before.items())
-    assert got.targets is batch.targets and got.size == batch.size
+    # The shards' features: LXMERT's feature regression target; the batch's targets unchanged.
+    assert set(got.targets) == set(batch.targets) | {"features"} and got.size == batch.size
+    assert got.targets["features"] is batch.inputs["features"]
+    assert all(got.targets[k] is v for k, v in batch.targets.items())
     assert len(got.inputs["images"]) == len(got.inputs["pixel_boxes"]) == 3
 
 

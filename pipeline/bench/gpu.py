@@ -17,7 +17,9 @@
 5. `python -m pipeline.bench.step`: the training step of all four architectures at paper size,
    batch 256, in bf16 autocast (the step before issue 40), bf16 master weights, and captured as a
    CUDA graph, and transformers' LXMERT (`--compile`: also with compiled layers);
-6. `pipeline bench end-to-end`: one training step of VL-BERT-base with the real R101 trained end
+6. `python -m pipeline.bench.attention`: one attention call of the step at our lengths on each of
+   SDPA's kernels (flash, memory-efficient, cuDNN, math) and written out, to choose by shape;
+7. `pipeline bench end-to-end`: one training step of VL-BERT-base with the real R101 trained end
    to end (random weights), batches 8 and 16 of 600x800 photos in bf16: images/s, peak memory,
    the front end's share of the step.
 
@@ -41,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from pipeline.bench import end_to_end, loop, model, step
+from pipeline.bench import attention, end_to_end, loop, model, step
 from pipeline.bench.extract import (
     bench_extract, bench_refs, format_table, hardware, peaked_bench_weights,
 )
@@ -177,6 +179,8 @@ def write_report(report: dict, out: Path) -> str:
         loop.format_loop(report["training"]["loop"]), "",
         "## The training step of the four architectures, variant by variant", "",
         step.format_report(report["step"]), "",
+        "## One attention call, kernel by kernel", "",
+        attention.format_report(report["attention"]), "",
         "## End-to-end training: VL-BERT with the detector's trunk trained (visual.trainable)", "",
         end_to_end.format_report(report["end_to_end"]), "",
     ]
@@ -210,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json",
                                   args.compile)
     report["step"] = step_variants(args.quick, args.device, args.compile)
+    report["attention"] = attention.bench_attention(
+        4 if args.quick else 256, 12, 64, args.device or ("cuda" if torch.cuda.is_available()
+                                                          else "cpu"), 5 if args.quick else 50,
+        shapes=attention.SHAPES[:1] if args.quick else attention.SHAPES)
     report["end_to_end"] = end_to_end_training(args.quick, args.device)
     report["seconds"] = time.time() - started
     print(write_report(report, out))

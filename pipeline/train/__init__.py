@@ -4,6 +4,10 @@ config.py       OptimConfig, RunConfig: the optimiser and run sections of every 
 batch.py        TrainBatch and the Objective protocol (rows -> batch -> named losses)
 job.py          Job: what the loop trains (model, objective, streams, export), built per worker
 loop.py         Trainer and train_loop: steps, DDP, validation, exact resume, logs, checkpoints
+step.py         TrainStep: the optimizer, its schedule, a micro-batch's forward and backward, the
+                update; capturable (learning rates in device tensors, stats in one tensor)
+precision.py    run.precision: float32, autocast, or bf16 weights with float32 master weights
+graphs.py       run.cuda_graph: the whole step captured as one CUDA graph and replayed
 errors.py       DivergenceError (torch-free: the command line names it)
 launch.py       run_training: in this process, or on Ray Train workers
 gloo.py         gloo across machines: each Ray Train worker bound to its node's Ray address

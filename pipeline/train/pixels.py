@@ -82,7 +82,9 @@ def add_pixels(batch: TrainBatch, samples: Sequence[Sample], rng: np.random.Gene
         showing samples[i] (rows after S, VL-BERT's text-only rows, have no image and are left as
         they are); (B, 2, N, 4) for NLVR2, whose image rows are read as (2B, N, 4).
     rng: one uniform draw per sample decides its flip (none when cfg.flip_prob is 0).
-    Returns a new TrainBatch (`batch` is not changed) whose inputs, without "features", add
+    Returns a new TrainBatch (`batch` is not changed) whose inputs lose "features" (the front end
+    computes them; the shards' move to targets["features"], LXMERT's feature regression target)
+    and add
         images       (S, 3, H, W) float32 mean-subtracted BGR, top left, zero-padded; H and W the
                      largest resized size rounded up to cfg.size_multiple
         image_sizes  S (height, width) int pairs, each image's resized size (a tuple)
@@ -122,7 +124,8 @@ def add_pixels(batch: TrainBatch, samples: Sequence[Sample], rng: np.random.Gene
     # the GPU would wait for it.
     inputs["image_sizes"] = tuple(tuple(im.pixels.shape[1:]) for im in prepared)
     inputs["pixel_boxes"] = pixel_boxes
-    return TrainBatch(inputs=inputs, targets=batch.targets, size=batch.size)
+    targets = {**batch.targets, "features": batch.inputs["features"]}
+    return TrainBatch(inputs=inputs, targets=targets, size=batch.size)
 
 
 def _prepare(sample: Sample, preprocess: PreprocessConfig) -> PreparedImage:

@@ -324,17 +324,20 @@ class LxmertObjective(PretrainObjective):
     def compute(
         self, model: nn.Module, batch: TrainBatch
     ) -> tuple[dict[str, torch.Tensor], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
-        """One forward of an LxmertForPreTraining on `model_inputs`, then `losses` (the feature
-        target: the batch's unmasked features)."""
-        targets = {**batch.targets, "feat_target": batch.inputs["features"]}
+        """One forward of an LxmertForPreTraining on `model_inputs`, then `losses`. The feature
+        target: the batch's unmasked features, which are among the targets when the detector's
+        front end computes the model's (pipeline/train/pixels.py add_pixels)."""
+        features = batch.inputs.get("features", batch.targets.get("features"))
+        targets = {**batch.targets, "feat_target": features}
         return self.losses(model(**self.model_inputs(batch)), targets)
 
     @staticmethod
     def model_inputs(batch: TrainBatch) -> dict[str, torch.Tensor]:
         """The model's keyword arguments: the batch's inputs, its features masked by its recipe
-        (`masked_features`) where it has one."""
+        (`masked_features`) where it has one and holds the features (not when the detector's
+        front end computes them: it zeroes a masked region's pixels instead)."""
         source = batch.targets.get("feature_source")
-        if source is None:
+        if source is None or "features" not in batch.inputs:
             return batch.inputs
         features = masked_features(batch.inputs["features"], source,
                                    batch.targets["feature_zeroed"])
