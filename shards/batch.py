@@ -128,7 +128,15 @@ def collate_regions(
     # casts whole arrays (vectorised: numpy's float16 conversion is not): a slice assignment in
     # numpy costs about a microsecond, in torch several.
     stored = samples[0].arrays
-    features = np.zeros((batch, n_max, dim), dtype=stored["features"].dtype)
+    shared = None  # the features' tensor, where it is made in shared memory
+    if (torch.utils.data.get_worker_info() is not None
+            and torch.from_numpy(stored["features"][:0]).dtype == features_dtype):
+        # In a DataLoader worker a tensor goes to the training process in shared memory: made
+        # there, the batch's features are not copied once more (16 ms for 38 MB of them).
+        shared = _shared_zeros((batch, n_max, dim), features_dtype)
+        features = shared.numpy()
+    else:
+        features = np.zeros((batch, n_max, dim), dtype=stored["features"].dtype)
     boxes = np.zeros((batch, n_max, 4), dtype=np.float32)
     mask = np.zeros((batch, n_max), dtype=np.int64)
     object_ids = np.full((batch, n_max), _PAD_IDS, dtype=np.int64)
@@ -155,7 +163,7 @@ def collate_regions(
             cls_probs[i, :n] = a["cls_probs"][:n]
 
     return RegionBatch(
-        features=torch.from_numpy(features).to(features_dtype),
+        features=shared if shared is not None else torch.from_numpy(features).to(features_dtype),
         boxes_xyxy_norm=torch.from_numpy(boxes),
         region_mask=torch.from_numpy(mask),
         object_ids=torch.from_numpy(object_ids),
@@ -182,3 +190,9 @@ def _checked_count(sample: Sample) -> int:
         shape = sample.arrays["features"].shape
         raise SchemaError(f"{sample.key}: features must be (N, D), got shape {shape}")
     return n
+
+
+def _shared_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zero tensor in shared memory, as DataLoader's own collate makes its batches."""
+    storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(int(np.prod(shape)))
+    return torch.empty(0, dtype=dtype).new(storage).view(shape).zero_()

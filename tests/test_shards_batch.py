@@ -179,3 +179,21 @@ def test_dataloader_over_shard_dataset(world_shards, samples):
             n = min(by_key[key].num_boxes, 16)
             assert torch.equal(b.boxes_xyxy_norm[i, :n],
                                torch.from_numpy(_expected_norm(by_key[key])[:n]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_a_data_worker_collates_the_same_batch(world_shards, samples, dtype):
+    """In a DataLoader worker the features are made in shared memory when they keep the stored
+    dtype (float16: the batch then reaches the training process without another copy); either
+    way the worker's batch equals the one collated here."""
+    collate = functools.partial(collate_regions, max_boxes=16, pad_to=16, features_dtype=dtype)
+    loader = torch.utils.data.DataLoader(ShardDataset(world_shards.shards), batch_size=5,
+                                         collate_fn=collate, num_workers=1)
+    by_key = {s.key: s for s in samples}
+    for got in loader:
+        want = collate([by_key[k] for k in got.keys])
+        for field in dataclasses.fields(RegionBatch):
+            a, b = getattr(got, field.name), getattr(want, field.name)
+            if isinstance(a, torch.Tensor):
+                assert a.dtype == b.dtype and torch.equal(a, b), field.name
+        assert got.features.is_shared()

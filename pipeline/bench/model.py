@@ -93,7 +93,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "on a resident batch (pipeline/bench/loop.py)",
     )
     parser.add_argument("--data-workers", type=int, default=-1,
-                        help="with --loop: run.data_workers (default -1: 4 on a GPU, 0 on a CPU)")
+                        help="with --loop: run.data_workers (default -1: on a GPU half the cores "
+                        "per GPU, 2 to 8; 0 on a CPU)")
     parser.add_argument("--shapes", choices=["auto", "static", "dynamic"], default="auto",
                         help="with --loop: run.shapes (default auto: static on a GPU)")
     parser.add_argument("--precision", choices=["auto", "float32", "autocast", "bf16"],

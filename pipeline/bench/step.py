@@ -70,6 +70,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=5, help="rounds per variant (default: 5)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (default: 3)")
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
+    parser.add_argument("--attention-dropout", type=float, metavar="P",
+                        help="the models' attention dropout (default: their configs'); on a CPU "
+                        "SDPA with dropout runs as ~30 ops, 0 gives its one fused kernel as on a "
+                        "GPU, for counting a GPU's ops on the CPU")
     parser.add_argument("--seed", type=int, default=0, help="weights and batch seed (default: 0)")
     parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
 
@@ -87,6 +91,7 @@ class StepSettings:
     warmup: int
     device: str
     seed: int
+    attention_dropout: float | None = None
 
 
 def resolve(args: argparse.Namespace, cuda_available: bool) -> StepSettings:
@@ -110,17 +115,18 @@ def resolve(args: argparse.Namespace, cuda_available: bool) -> StepSettings:
                         batch_size=args.batch_size or (256 if size == "paper" else 32),
                         tokens=args.tokens, regions=args.regions, steps=args.steps,
                         rounds=args.rounds, warmup=max(args.warmup, 0), device=device,
-                        seed=args.seed)
+                        seed=args.seed, attention_dropout=args.attention_dropout)
 
 
 # --- the rows and the batch -----------------------------------------------------------------------
 
 
-def model_config(arch: str, size: str, vocab_size: int):
+def model_config(arch: str, size: str, vocab_size: int, attention_dropout: float | None = None):
     from model.archs import ARCHS
 
     base = getattr(ARCHS[arch].config, size)()
-    return dataclasses.replace(base, vocab_size=vocab_size)
+    changes = {} if attention_dropout is None else {"attention_dropout": attention_dropout}
+    return dataclasses.replace(base, vocab_size=vocab_size, **changes)
 
 
 def bench_rows(count: int, regions: int, config, tokens: int, rng):
@@ -253,7 +259,7 @@ def bench_arch(arch: str, s: StepSettings, tokenizer) -> dict[str, Any]:
     from pipeline.bench.timing import time_rounds
 
     device = torch.device(s.device)
-    config = model_config(arch, s.size, tokenizer.vocab_size)
+    config = model_config(arch, s.size, tokenizer.vocab_size, s.attention_dropout)
     objective, batch = build_batch(arch, config, tokenizer, s)
     batch = batch.to(device)
     variants = [v for v in s.variants if v != "transformers" or arch == "lxmert"]

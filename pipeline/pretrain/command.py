@@ -21,8 +21,10 @@ checkpoint format: `pipeline convert DIR/checkpoints/step_N/model --to hf`) and 
 `--resume` continues from the latest checkpoint: the following steps repeat exactly what an
 uninterrupted run with the same seed would have done.
 
-Speed: run.data_workers (batches built ahead in processes; 4 on a GPU), run.shapes (static on a
-GPU), run.compile (each transformer layer). End to end, as VL-BERT: `--set visual.trainable=true
+Speed: run.data_workers (batches built ahead in processes; on a GPU half the cores per GPU, 2 to
+8), run.shapes (static on a GPU), run.precision (bf16 weights with float32 master weights on a
+GPU), run.cuda_graph (the whole step replayed as one CUDA graph), run.compile (each transformer
+layer). End to end, as VL-BERT: `--set visual.trainable=true
 --set visual.weights=DETECTOR --set visual.extract_config=EXTRACT.yaml` trains the detector's
 trunk (res3-res5) with the transformer on the shards' images (extracted with
 output.keep_images=true); each checkpoint then holds detector.safetensors for `pipeline extract`.
