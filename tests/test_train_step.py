@@ -34,7 +34,7 @@ from pipeline.pretrain.job import pretrain_job
 from pipeline.train.config import OptimConfig, RunConfig, VisualConfig, cuda_graph
 from pipeline.train.launch import run_training
 from pipeline.train.precision import Precision, resolve_precision
-from pipeline.train.step import TrainStep
+from pipeline.train.step import TrainStep, param_groups, warmup_linear
 
 B = 8
 
@@ -116,6 +116,41 @@ def lxmert_step(tokenizer, precision: str, layers: int = 2, dropout: float = 0.0
     batch = build.make_batch(pairs, samples, np.random.default_rng(1), epoch=0)
     step = TrainStep(model, build, train_config(precision), torch.device("cpu"), total_steps=10)
     return step, batch
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_the_step_equals_the_textbook_step(arch, tokenizer):
+    """TrainStep in float32 (learning rates in tensors, stats packed, dropout on) against what it
+    replaced: backward of the summed losses, clip_grad_norm_, fused AdamW with float rates under
+    LambdaLR's warm-up schedule. Three steps, bit for bit, at rates float32 holds exactly (2^-13
+    times 0.5, 1, 1): AdamW takes a rate in a tensor as float32, a float one as a double."""
+    pairs, samples, passages = pretrain_rows(B, seed=5)
+    build = objective(arch, tokenizer, static_shapes=True)
+    batches = [build.make_batch(pairs, samples, np.random.default_rng(i), epoch=0,
+                                texts=passages) for i in range(3)]
+    ours = pretraining_model(arch, tokenizer, dropout=0.1).train()
+    theirs = pretraining_model(arch, tokenizer, dropout=0.1).train()
+    config = train_config("float32", warmup_steps=2, lr=2.0**-13)
+    step = TrainStep(ours, build, config, torch.device("cpu"), total_steps=5)
+    groups = [{**g, "params": list(g["params"])} for g in
+              param_groups(theirs, config.optim.weight_decay, config.optim.lr, 1.0)]
+    optimizer = torch.optim.AdamW(groups, lr=config.optim.lr, betas=config.optim.betas,
+                                  eps=config.optim.eps, fused=True)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear(5, 2))
+    for at, batch in enumerate(batches):
+        step.set_lr(at)
+        stats = step.micro(batch, seed=at)
+        step.update()
+        torch.manual_seed(at)
+        losses, _ = build.compute(theirs, batch)
+        sum(losses.values()).backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), config.optim.grad_clip)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        assert torch.equal(stats[:len(losses)], torch.stack(list(losses.values())).detach())
+        for (name, a), b in zip(ours.named_parameters(), theirs.parameters()):
+            assert torch.equal(a, b), f"{arch} step {at}: {name}"
 
 
 def test_bf16_computes_on_a_cast_copy_and_steps_the_float32_master(tokenizer):
