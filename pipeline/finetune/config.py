@@ -18,7 +18,7 @@ from pipeline.common.config import ConfigError, load_yaml, merge, parse_sets, re
 from pipeline.finetune.examples import TASKS
 from pipeline.train.config import (
     VisualConfig,
-    OptimConfig, RunConfig, check_arch, check_schedule, micro_batch,
+    OptimConfig, RunConfig, check_arch, check_cuda_graph, check_schedule, micro_batch,
 )
 
 # LXMERT's (VQA, GQA, NLVR2) and ViLBERT's (VCR, RefCOCO+, Flickr30K retrieval, §4.1).
@@ -96,6 +96,7 @@ class FinetuneConfig:
         """The checks across sections (run after all overrides); returns self."""
         check_schedule(self.data.batch_size, self.optim, self.run)
         self.visual.check()
+        check_cuda_graph(self)
         if not self.data.train or not self.data.val:
             raise ConfigError("set data.train (subsets to train on) and data.val (one subset)")
         return self

@@ -18,7 +18,7 @@ from pipeline.common.config import ConfigError, load_yaml, merge, parse_sets, re
 from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.config import (
     VisualConfig,
-    OptimConfig, RunConfig, check_arch, check_schedule, micro_batch,
+    OptimConfig, RunConfig, check_arch, check_cuda_graph, check_schedule, micro_batch,
 )
 
 
@@ -72,6 +72,7 @@ class PretrainConfig:
         """The checks across sections (run after all overrides); returns self."""
         check_schedule(self.data.batch_size, self.optim, self.run)
         self.visual.check()
+        check_cuda_graph(self)
         return self
 
     @property

@@ -183,19 +183,30 @@ def static_shapes(run: RunConfig, device) -> bool:
 
 
 def cuda_graph(config, device, world: int) -> bool:
-    """run.cuda_graph of `config` (with `run`, `optim`, `visual`), checked for `device` and
-    `world` workers: ConfigError naming what keeps the step from being captured."""
+    """run.cuda_graph of `config` (with `run`, `optim`, `visual`), checked for `device` (a
+    torch.device, or None where it is not known yet: the config's own check, before the workers
+    start) and `world` workers: ConfigError naming what keeps the step from being captured."""
     run = config.run
     if not run.cuda_graph:
         return False
+    shapes = run.shapes != "dynamic" if device is None else static_shapes(run, device)
     needs = [
-        (device.type == "cuda", "a CUDA device"),
+        (device is None or device.type == "cuda", "a CUDA device"),
         (world == 1, "one worker (run.workers <= 1)"),
         (config.optim.accumulation == 1, "optim.accumulation 1"),
-        (static_shapes(run, device), "static shapes (run.shapes static or auto)"),
+        (shapes, "static shapes (run.shapes static or auto)"),
         (not config.visual.trainable, "features from the shards (visual.trainable false)"),
     ]
     missing = [what for ok, what in needs if not ok]
     if missing:
         raise ConfigError(f"run.cuda_graph needs {', '.join(missing)}")
     return True
+
+
+def check_cuda_graph(config) -> None:
+    """run.cuda_graph checked with the config, before any worker starts (the device is known
+    then only when run.device names it)."""
+    import torch
+
+    device = None if config.run.device == "auto" else torch.device(config.run.device)
+    cuda_graph(config, device, max(config.run.workers, 1))
