@@ -103,7 +103,9 @@ class GraphedStep:
         step.restore(snapshot)
         del snapshot
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # thread_local: the DataLoader's pinning thread allocates page-locked memory meanwhile,
+        # which a capture in the default (global) mode would refuse.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             stats = step.micro(batch, None)
             step.update()
         if self.pool is None:
