@@ -48,3 +48,19 @@ def test_the_gpu_tests_are_collected_from_their_own_files_only():
     assert {"tests/test_extractor_gpu.py", "tests/test_dispatch_counts.py"} <= set(files)
     assert "tests/test_shards_writer_reader.py" not in files  # imports webdataset
     assert all(f.startswith("tests/test_") and f.endswith(".py") for f in files)
+
+
+def test_a_failing_part_is_reported_and_the_others_kept(capsys):
+    from pipeline.bench.gpu import run_part, section
+
+    report = {}
+    run_part(report, "step", lambda: 1 / 0)
+    run_part(report, "attention", lambda: {"rows": []})
+    assert report["failed"] == {"step": "ZeroDivisionError: division by zero"}
+    assert report["attention"] == {"rows": []} and "step" not in report
+    assert "ZeroDivisionError" in capsys.readouterr().err  # the traceback, for the operator
+    assert section(report, "step", "## Step", str) == ["## Step", "",
+                                                      "Failed: `ZeroDivisionError: division by zero`",
+                                                      ""]
+    assert section(report, "attention", "## Attention", lambda r: "table") == [
+        "## Attention", "", "table\n"]

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -160,6 +161,24 @@ def end_to_end_training(quick: bool, device: str | None) -> dict:
     return end_to_end.bench_end_to_end(end_to_end.resolve(args, torch.cuda.is_available()))
 
 
+def run_part(report: dict, name: str, measure) -> None:
+    """report[name] = measure(); where it fails, report["failed"][name] holds the error's first
+    line (its traceback goes to stderr) and the suite goes on: a lease is too rare to lose every
+    part to one."""
+    try:
+        report[name] = measure()
+    except Exception as err:  # noqa: BLE001 - any failure of a part is reported, not raised
+        report.setdefault("failed", {})[name] = f"{type(err).__name__}: {err}".splitlines()[0]
+        traceback.print_exc()
+
+
+def section(report: dict, name: str, title: str, *formatted) -> list[str]:
+    """A part's Markdown: its title, then its tables, or the error it failed with."""
+    if name in report.get("failed", {}):
+        return [title, "", f"Failed: `{report['failed'][name]}`", ""]
+    return [title, "", *(f(report[name]) + "\n" for f in formatted)]
+
+
 def write_report(report: dict, out: Path) -> str:
     """`gpu_suite.json` (every number) and `gpu_suite.md` (the tables, the command and the
     hardware) into `out`; returns the Markdown."""
@@ -170,19 +189,19 @@ def write_report(report: dict, out: Path) -> str:
         f"`{report['command']}` on {report['hardware']}, {report['date']}, "
         f"{report['seconds']:.0f} s.", "",
         "GPU tests: " + (tests["summary"] if tests["ran"] else f"not run ({tests['why']})"), "",
-        "## Extraction: real R101 at 600/1000, random weights with peaked scores", "",
-        format_table(report["extraction"]), "",
-        "## Where the detector's time goes (the Extractor alone, profiled)", "",
-        *(format_profile(row) + "\n" for row in report["profile"]),
-        "## Training: our LXMERT against transformers', and the pretraining loop", "",
-        model.format_report(report["training"]), "",
-        loop.format_loop(report["training"]["loop"]), "",
-        "## The training step of the four architectures, variant by variant", "",
-        step.format_report(report["step"]), "",
-        "## One attention call, kernel by kernel", "",
-        attention.format_report(report["attention"]), "",
-        "## End-to-end training: VL-BERT with the detector's trunk trained (visual.trainable)", "",
-        end_to_end.format_report(report["end_to_end"]), "",
+        *section(report, "extraction",
+                 "## Extraction: real R101 at 600/1000, random weights with peaked scores",
+                 format_table),
+        *section(report, "profile", "## Where the detector's time goes (the Extractor alone, "
+                 "profiled)", lambda rows: "\n".join(format_profile(r) + "\n" for r in rows)),
+        *section(report, "training", "## Training: our LXMERT against transformers', and the "
+                 "pretraining loop", model.format_report, lambda r: loop.format_loop(r["loop"])),
+        *section(report, "step", "## The training step of the four architectures, variant by "
+                 "variant", step.format_report),
+        *section(report, "attention", "## One attention call, kernel by kernel",
+                 attention.format_report),
+        *section(report, "end_to_end", "## End-to-end training: VL-BERT with the detector's "
+                 "trunk trained (visual.trainable)", end_to_end.format_report),
     ]
     text = "\n".join(lines)
     (out / "gpu_suite.md").write_text(text)
@@ -207,21 +226,22 @@ def main(argv: list[str] | None = None) -> int:
     report = {"command": "python -m pipeline.bench.gpu " + " ".join(argv or sys.argv[1:]),
               "hardware": hardware(), "date": time.strftime("%Y-%m-%d", time.gmtime(started))}
     report["tests"] = gpu_tests(args.quick)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     with tempfile.TemporaryDirectory() as scratch:
         weights = suite_weights(args.quick, args.device, scratch)
-        report["extraction"] = extraction(args.quick, args.device, weights, args.compile)
-        report["profile"] = detector_profiles(args.quick, args.device, weights)
-    report["training"] = training(args.quick, args.device, out / "gpu_suite_model.json",
-                                  args.compile)
-    report["step"] = step_variants(args.quick, args.device, args.compile)
-    report["attention"] = attention.bench_attention(
-        4 if args.quick else 256, 12, 64, args.device or ("cuda" if torch.cuda.is_available()
-                                                          else "cpu"), 5 if args.quick else 50,
-        shapes=attention.SHAPES[:1] if args.quick else attention.SHAPES)
-    report["end_to_end"] = end_to_end_training(args.quick, args.device)
+        run_part(report, "extraction",
+                 lambda: extraction(args.quick, args.device, weights, args.compile))
+        run_part(report, "profile", lambda: detector_profiles(args.quick, args.device, weights))
+    run_part(report, "training", lambda: training(args.quick, args.device,
+                                                  out / "gpu_suite_model.json", args.compile))
+    run_part(report, "step", lambda: step_variants(args.quick, args.device, args.compile))
+    run_part(report, "attention", lambda: attention.bench_attention(
+        4 if args.quick else 256, 12, 64, device, 5 if args.quick else 50,
+        shapes=attention.SHAPES[:1] if args.quick else attention.SHAPES))
+    run_part(report, "end_to_end", lambda: end_to_end_training(args.quick, args.device))
     report["seconds"] = time.time() - started
     print(write_report(report, out))
-    return 0
+    return 1 if report.get("failed") else 0
 
 
 if __name__ == "__main__":
