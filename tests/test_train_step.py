@@ -23,7 +23,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from step_rows import ARCH_NAMES, model_config, objective, pretrain_rows, pretraining_model
+from step_rows import (
+    ARCH_NAMES,
+    MAX_BOXES,
+    model_config,
+    objective,
+    pretrain_rows,
+    pretraining_model,
+)
 from test_pretrain_loop import tiny_config, train_losses
 
 from model.archs import ARCHS
@@ -306,3 +313,34 @@ def test_a_config_that_cannot_be_captured_is_refused_before_the_run(pretrain_wor
                     "optim.accumulation=2")
     config = tiny_config(pretrain_world, "lxmert", "run.cuda_graph=true")  # auto: a GPU may come
     assert config.run.cuda_graph
+
+
+@pytest.mark.parametrize("arch", ARCH_NAMES)
+def test_static_batches_share_one_graph_signature(arch, tokenizer):
+    """A captured graph serves the batches of its signature (keys, shapes, dtypes, which values
+    are None: a static batch whose regions are all real has no region mask). Every static batch
+    of an objective has the same one whatever its rows (LXMERT's QA answers too: 10 a row, not
+    the batch's most); a padded batch another, but where every batch has a mask. Its tensors are
+    read in one order."""
+    from pipeline.train.batch import TrainBatch
+    from pipeline.train.graphs import batch_tensors, signature
+
+    build = objective(arch, tokenizer, static_shapes=True)
+    batches = []
+    for seed in range(4):
+        pairs, samples, passages = pretrain_rows(B, seed=seed, boxes=(MAX_BOXES, MAX_BOXES + 1))
+        batches.append(build.make_batch(pairs, samples, np.random.default_rng(seed), epoch=0,
+                                        texts=passages))
+    # every region real: no mask (VL-BERT's text-only rows have no region)
+    assert (batches[0].inputs["region_mask"] is None) == (arch != "vlbert")
+    assert len({signature(b) for b in batches}) == 1
+    pairs, samples, passages = pretrain_rows(B, seed=6)  # an image without regions
+    padded = build.make_batch(pairs, samples, np.random.default_rng(0), epoch=0, texts=passages)
+    assert (signature(padded) == signature(batches[0])) == (arch == "vlbert")  # a mask always
+    tensors = batch_tensors(batches[0])
+    assert len(tensors) == sum(v is not None for p in (batches[0].inputs, batches[0].targets)
+                               for v in p.values())
+    assert tensors[0] is batches[0].inputs["input_ids"]
+    with pytest.raises(ValueError, match=r"captures tensors only; batch inputs\['image_sizes'\]"):
+        signature(TrainBatch(inputs={**padded.inputs, "image_sizes": ((1, 2),)},
+                             targets=padded.targets, size=padded.size))

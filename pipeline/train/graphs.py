@@ -38,16 +38,21 @@ MAX_GRAPHS = 4
 
 
 def batch_tensors(batch: TrainBatch) -> list[torch.Tensor]:
-    """The batch's tensors in a fixed order (inputs, then targets, each in key order)."""
-    return [t for part in (batch.inputs, batch.targets) for t in part.values()]
+    """The batch's tensors in a fixed order (inputs, then targets, each in key order; a None,
+    such as the region mask of a batch whose regions are all real, has none)."""
+    return [t for part in (batch.inputs, batch.targets) for t in part.values() if t is not None]
 
 
 def signature(batch: TrainBatch) -> tuple:
-    """What a captured graph is valid for: the batch's keys, shapes and dtypes. ValueError for
-    a value that is not a tensor (a graph reads tensors only)."""
+    """What a captured graph is valid for: the batch's keys, shapes and dtypes, and which values
+    are None. ValueError for any other value that is not a tensor (a graph reads tensors
+    only)."""
     found = []
     for part, values in (("inputs", batch.inputs), ("targets", batch.targets)):
         for key, value in values.items():
+            if value is None:
+                found.append((part, key, None))
+                continue
             if not isinstance(value, torch.Tensor):
                 raise ValueError(f"run.cuda_graph captures tensors only; batch {part}[{key!r}] "
                                  f"is a {type(value).__name__}")

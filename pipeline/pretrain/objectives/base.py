@@ -59,7 +59,8 @@ class PretrainObjective(Objective):
             [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
         )
         # (positions, probability) -> the capacity of that gather, grown by batches beyond it
-        self._capacities: dict[tuple[int, float], int] = {}
+        # (and the objectives' other static sizes, by their own keys: `grown`)
+        self._capacities: dict[tuple, int] = {}
 
     @staticmethod
     def min_text_length(config) -> int:
@@ -102,9 +103,14 @@ class PretrainObjective(Objective):
         mean = positions * prob
         spread = _CAPACITY_SIGMAS * math.sqrt(mean * (1.0 - prob))
         start = _round_up(math.ceil(mean + spread))
-        capacity = max(self._capacities.get((positions, prob), start), _round_up(count))
-        self._capacities[(positions, prob)] = capacity
-        return capacity
+        return self.grown((positions, prob), start, _round_up(count))
+
+    def grown(self, key: tuple, start: int, count: int) -> int:
+        """A static size: `start`, raised by a batch that needs `count` more and kept from then
+        on (a compiled or captured step meets a new shape once, not every few batches)."""
+        size = max(self._capacities.get(key, start), count)
+        self._capacities[key] = size
+        return size
 
     def masked_tokens(
         self, labels: torch.Tensor, prob: float

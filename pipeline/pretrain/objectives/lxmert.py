@@ -64,6 +64,9 @@ VISUAL_LOSSES = ("obj", "attr", "feat")
 CONFIDENCE_WEIGHTINGS = ("official", "masked")
 # Of the chosen regions: below 0.8 zeroed, below 0.9 swapped, the rest kept (BERT's split).
 _ZERO_BELOW, _SWAP_BELOW = 0.8, 0.9
+# The answers of a row in a static batch (K of qa_answer_ids): VQA's ten annotators give at most
+# ten; a batch with more raises it for the rest of the run (PretrainObjective.grown).
+_STATIC_ANSWERS = 10
 
 
 @dataclass(frozen=True)
@@ -214,7 +217,8 @@ class LxmertObjective(PretrainObjective):
             (`mask_regions`), unless nothing can be masked (object_mask_prob 0, `whole`);
         qa_labels (B,) long, IGNORE_INDEX for rows without a QA label;
         qa_answer_ids (B, K) long, -1 padded, qa_answer_scores (B, K) float: each labelled row's
-            answers and scores, for the official QA score.
+            answers and scores, for the official QA score (K: the batch's most answers; with
+            static shapes 10 or the most a batch of the run had).
     """
 
     # --- batch -----------------------------------------------------------------------------------
@@ -312,6 +316,8 @@ class LxmertObjective(PretrainObjective):
                     labels[i] = sample_answer(pair.answers, rng)
                     answers[i] = pair.answers
         K = max(1, max(len(a) for a in answers))
+        if self.static_shapes:
+            K = self.grown(("answers",), _STATIC_ANSWERS, K)
         ids = torch.full((len(pairs), K), -1, dtype=torch.long)
         scores = torch.zeros(len(pairs), K)
         for i, a in enumerate(answers):
