@@ -64,3 +64,26 @@ def test_a_failing_part_is_reported_and_the_others_kept(capsys):
                                                       ""]
     assert section(report, "attention", "## Attention", lambda r: "table") == [
         "## Attention", "", "table\n"]
+
+
+def test_a_step_graph_that_fails_leaves_the_eager_rows(monkeypatch):
+    """The suite's step part retries without the graph variants where one fails: the eager
+    rows stay, the failure is recorded (a capture cannot fail on a CPU: bench_step stands in)."""
+    from pipeline.bench import gpu, step
+
+    seen = []
+
+    def bench_step(settings):
+        seen.append(settings.variants)
+        if any("graph" in v for v in settings.variants):
+            raise RuntimeError("run.cuda_graph: the step could not be captured (no)")
+        return {"results": [{"rows": [{"variant": v} for v in settings.variants]}]}
+
+    monkeypatch.setattr(step, "bench_step", bench_step)
+    report = gpu.step_variants(quick=False, device="cuda")
+    assert seen == [("autocast", "bf16", "bf16+graph", "transformers"),
+                    ("autocast", "bf16", "transformers")]
+    assert report["failed"] == {"bf16+graph": "RuntimeError: run.cuda_graph: the step could "
+                                              "not be captured (no)"}
+    assert [r["variant"] for r in report["results"][0]["rows"]] == ["autocast", "bf16",
+                                                                     "transformers"]

@@ -193,4 +193,6 @@ def format_loop(report: dict[str, Any]) -> str:
     for suffix, ratio in report.get("model_over_transformers", {}).items():
         line += f"; model alone{suffix} / transformers: {ratio:.2f}x"
     lines.append(line)
+    for what, error in report.get("failed", {}).items():
+        lines.append(f"failed, and left out: {what}: `{error}`")
     return "\n".join(lines)

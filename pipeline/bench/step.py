@@ -351,6 +351,8 @@ def format_report(report: dict[str, Any]) -> str:
             )
     lines.append("x base: samples/s over the arch's " + ", ".join(
         sorted({f"{r['base']}" for r in report["results"]})) + " row")
+    for variants, error in report.get("failed", {}).items():
+        lines.append(f"failed, and left out: {variants}: `{error}`")
     return "\n".join(lines)
 
 

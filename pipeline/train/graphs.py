@@ -108,11 +108,15 @@ class GraphedStep:
         step.restore(snapshot)
         del snapshot
         graph = torch.cuda.CUDAGraph()
-        # thread_local: the DataLoader's pinning thread allocates page-locked memory meanwhile,
-        # which a capture in the default (global) mode would refuse.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            stats = step.micro(batch, None)
-            step.update()
+        try:
+            # thread_local: the DataLoader's pinning thread allocates page-locked memory
+            # meanwhile, which a capture in the default (global) mode would refuse.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                stats = step.micro(batch, None)
+                step.update()
+        except RuntimeError as err:
+            raise RuntimeError(f"run.cuda_graph: the step could not be captured ({err}); train "
+                               "without it: run.cuda_graph=false") from err
         if self.pool is None:
             self.pool = graph.pool()
         return _Captured(graph, batch_tensors(batch), stats)
