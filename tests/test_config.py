@@ -63,3 +63,24 @@ def test_to_dict_round_trips_through_resolve(tmp_path):
     path = tmp_path / "resolved.yaml"
     path.write_text(yaml.safe_dump(to_dict(cfg)))
     assert resolve(ExtractorConfig(), path) == cfg
+
+
+@pytest.mark.parametrize("order", [1, -1], ids=["as written", "reversed"])
+def test_settings_that_must_agree_are_checked_together_in_any_order(order, tmp_path):
+    """Every --set (and the YAML file under them) is applied before a section is checked: a
+    pair that only agrees as a whole passes in either order, for every verb's config."""
+    from pipeline.extract.config import resolve_job
+    from pipeline.pretrain.config import load_config
+
+    sets = ["preprocess.min_size=1200", "preprocess.max_size=2000"][::order]
+    job = resolve_job(None, sets)
+    assert (job.preprocess.min_size, job.preprocess.max_size) == (1200, 2000)
+    sets = ["model.hidden_size=96", "model.num_heads=6"][::order]  # 64 / 6 and 96 / 4 disagree
+    config = load_config(None, ["arch=lxmert", *sets])
+    assert (config.model.hidden_size, config.model.num_heads) == (96, 6)
+    path = tmp_path / "c.yaml"
+    path.write_text("preprocess:\n  min_size: 1200\n")  # alone it exceeds the default max_size
+    job = resolve_job(path, ["preprocess.max_size=2000"])
+    assert job.preprocess.min_size == 1200
+    with pytest.raises(ConfigError, match="min_size = 1200: must be <= max_size = 1100"):
+        resolve_job(None, ["preprocess.min_size=1200", "preprocess.max_size=1100"][::order])

@@ -1,8 +1,10 @@
 """Configuration: frozen dataclasses filled from YAML files and `--set a.b=c` overrides.
 
 Every command has one root dataclass. `resolve(root, yaml_path, sets)` starts from the root's
-defaults, applies the YAML file, then each `--set` in order. Unknown keys are errors that name the
-closest valid key; values are coerced to the field's declared type, so a typo never passes silently.
+defaults and applies the YAML file with every `--set` over it (later ones win), all at once: each
+section is built, and checked, once with all of its new values, so settings that must agree are
+checked together whatever their order. Unknown keys are errors that name the closest valid key;
+values are coerced to the field's declared type, so a typo never passes silently.
 """
 
 from __future__ import annotations
@@ -53,13 +55,21 @@ def load_yaml(path: str | Path) -> dict:
 
 
 def resolve(root: T, yaml_path: str | Path | None = None, sets: list[str] | None = None) -> T:
-    """Apply a YAML file and then `--set` overrides to the dataclass instance `root`."""
-    config = root
-    if yaml_path is not None:
-        config = merge(config, load_yaml(yaml_path))
+    """The dataclass instance `root` with a YAML file and `--set` overrides applied: the sets
+    written over the file's mapping in order, then merged at once (module docstring)."""
+    values = load_yaml(yaml_path) if yaml_path is not None else {}
     for path, value in parse_sets(sets or []):
-        config = set_path(config, path, value)
-    return config
+        values = _with(values, path, value)
+    return merge(root, values) if values else root
+
+
+def _with(values: dict, path: list[str], value: Any) -> dict:
+    """A copy of the nested mapping `values` with `value` at `path` (a mapping that was not a
+    mapping there becomes one)."""
+    head, *rest = path
+    inner = values.get(head)
+    return {**values, head: _with(inner if isinstance(inner, dict) else {}, rest, value)
+            if rest else value}
 
 
 def merge(config: T, values: dict, prefix: str = "") -> T:
