@@ -2,8 +2,9 @@
 
 The index maps each key to one contiguous byte span of one shard: from its first member's header
 to the end of its last member's data (the writer puts a sample's members together). It is built
-by scanning tar headers once (data blocks are skipped, not read) and saved beside the shards as
-`store_index.npz` (plain arrays, no pickle); it is rebuilt when the shard files change. A lookup
+by scanning tar headers once (data blocks are skipped, not read) and kept in the user's cache
+(`index_path`: plain arrays, no pickle), never in the shard directory, which a reader does not
+write into (an extraction re-run into it resumes); it is rebuilt when the shard files change. A lookup
 is a binary search in a sorted fixed-width byte-string array, then one `os.pread` of the span (for
 shards at a URL, one ranged read: shards.storage); nothing else is held in memory, and `pread`
 keeps reads safe in forked DataLoader workers.
@@ -12,11 +13,14 @@ keeps reads safe in forked DataLoader workers.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import tarfile
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
@@ -24,8 +28,22 @@ from shards.reader import check_end_marker, decode_checked, list_shards, unreada
 from shards.schema import Sample, SchemaError, make_key
 from shards.storage import Location, as_path, is_url, read_range, write_atomic
 
+# What earlier versions wrote into the shard directory itself (extraction still recognises it).
 INDEX_NAME = "store_index.npz"
 _BLOCK = tarfile.BLOCKSIZE
+
+
+def cache_dir() -> Path:
+    """The project's cache: $PIPELINE_CACHE, else $XDG_CACHE_HOME/vlpipe, else ~/.cache/vlpipe."""
+    if os.environ.get("PIPELINE_CACHE"):
+        return Path(os.environ["PIPELINE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vlpipe"
+
+
+def index_path(directory: Location) -> Path:
+    """Where the index of a shard directory (a path, made absolute, or a URL) is kept."""
+    name = str(directory) if is_url(directory) else os.path.abspath(directory)
+    return cache_dir() / "store" / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.npz"
 
 
 def _shard_fingerprint(shards: list[Location]) -> np.ndarray:
@@ -103,19 +121,22 @@ class FeatureStore:
         self._offset, self._length = index["offset"], index["length"]
 
     def _load_index(self) -> dict[str, np.ndarray]:
-        path = self.directory / INDEX_NAME
+        path = index_path(self.directory)
         names = np.array([p.name.encode() for p in self.shards], dtype=bytes).reshape(-1)
         fingerprint = _shard_fingerprint(self.shards)
         if path.exists():
-            with path.open("rb") as f, np.load(f, allow_pickle=False) as saved:
+            # A cache file that does not load (another version's, damaged) is rebuilt.
+            with contextlib.suppress(OSError, ValueError, KeyError, zipfile.BadZipFile), \
+                    path.open("rb") as f, np.load(f, allow_pickle=False) as saved:
                 same_names = np.array_equal(saved["names"], names)
                 if same_names and np.array_equal(saved["fingerprint"], fingerprint):
                     return {k: saved[k] for k in ("keys", "shard", "offset", "length")}
         index = build_index(self.shards)
         saved = io.BytesIO()
         np.savez(saved, names=names, fingerprint=fingerprint, **index)
-        # A read-only dataset directory: the index stays in memory.
+        # An unwritable cache: the index stays in memory.
         with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, saved.getvalue())
         return index
 

@@ -16,6 +16,19 @@ import pytest
 pytest_plugins = ["s3_server"]  # the local S3 server: fixtures s3_server, bucket
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _cache(tmp_path_factory):
+    """The project's cache (shards/store.py's indexes) in the session's temporary folder, not the
+    user's ~/.cache (subprocesses inherit it)."""
+    before = os.environ.get("PIPELINE_CACHE")
+    os.environ["PIPELINE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if before is None:
+        os.environ.pop("PIPELINE_CACHE")
+    else:
+        os.environ["PIPELINE_CACHE"] = before
+
+
 @pytest.fixture(autouse=True)
 def _torch_threads():
     """Each test gets the session's torch thread count back: building a training Job sets it

@@ -18,6 +18,7 @@ from pipeline.cli import main
 from pipeline.common.config import ConfigError
 from pipeline.extract.output import OutputLock
 from shards.reader import iter_samples
+from shards.store import INDEX_NAME, FeatureStore
 from shards.verify import verify_shards
 
 TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=32",
@@ -92,6 +93,26 @@ def test_rerun_resumes_without_duplicates(photo_folder, tmp_path, capsys):
     assert _run(photo_folder, out) == 0
     assert "resumed: 2 finished shard(s) kept" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == first
+
+
+def test_reading_the_shards_leaves_their_folder_as_extraction_wrote_it(photo_folder, tmp_path,
+                                                                        capsys):
+    """The readers (the by-key store that fine-tuning and `show` use, `shards verify`, `shards
+    export-tsv`) write nothing into the shard folder, so the same extraction command run again
+    resumes; an index that earlier versions wrote there does not block it either."""
+    out = tmp_path / "feats"
+    assert _run(photo_folder, out) == 0
+    written = {p.name: p.read_bytes() for p in out.iterdir()}
+    store = FeatureStore(out)
+    key = next(iter(store.keys()))
+    assert main(["show", "--shards", str(out), "--key", key, "--out", str(tmp_path / "k.png")]) == 0
+    assert main(["shards", "verify", str(out)]) == 0
+    assert main(["shards", "export-tsv", str(out), "--out", str(tmp_path / "f.tsv")]) == 0
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == written
+    (out / INDEX_NAME).write_bytes(b"an earlier version's index")
+    capsys.readouterr()
+    assert _run(photo_folder, out) == 0
+    assert "resumed: 3 finished shard(s) kept" in capsys.readouterr().out
 
 
 def test_rerun_with_other_engine_settings_resumes(photo_folder, tmp_path, capsys):

@@ -13,7 +13,7 @@ from test_shards_writer_reader import write_shards
 from upath import UPath
 
 from shards.reader import iter_samples, list_shards
-from shards.store import FeatureStore
+from shards.store import FeatureStore, index_path
 from shards.verify import verify_shards
 from shards.writer import ShardWriter, completed_shards, write_manifest
 
@@ -44,7 +44,9 @@ def test_shards_round_trip_through_s3(bucket, tmp_path):
     for got, want in zip(iter_samples(url), samples, strict=True):
         assert_samples_equal(got, want)
     store = FeatureStore(url)
-    assert len(store) == 12 and (UPath(url) / "store_index.npz").exists()
+    # the index in the local cache: nothing written into the bucket
+    assert len(store) == 12 and index_path(url).is_file()
+    assert sorted(p.name for p in UPath(url).iterdir()) == names
     for want in samples[::-1]:
         assert_samples_equal(store[want.key], want)
 

@@ -13,7 +13,7 @@ import shards.store
 import shards.storage
 from shards.reader import iter_samples
 from shards.schema import SchemaError
-from shards.store import INDEX_NAME, FeatureStore
+from shards.store import INDEX_NAME, FeatureStore, index_path
 from shards.writer import ShardWriter
 
 
@@ -36,9 +36,12 @@ def test_random_access_equals_streaming(tmp_path):
 
 
 def test_index_is_saved_reused_and_rebuilt_when_shards_change(tmp_path, monkeypatch):
+    """Saved in the cache, not in the shard directory (which an extraction re-run resumes)."""
     write_shards(tmp_path, num_shards=2, per_shard=2)
+    before = sorted(p.name for p in tmp_path.iterdir())
     FeatureStore(tmp_path)
-    assert (tmp_path / INDEX_NAME).exists()
+    assert index_path(tmp_path).is_file() and str(tmp_path) not in str(index_path(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == before and INDEX_NAME not in before
     calls = []
     real = shards.store.build_index
     monkeypatch.setattr(shards.store, "build_index", lambda s: calls.append(1) or real(s))

@@ -37,6 +37,7 @@ from pipeline.extract.plan import Unit
 from pipeline.extract.steps import Prepared
 from shards.schema import build_sample
 from shards.storage import Location, is_url, staging_file, upload, write_json_atomic
+from shards.store import INDEX_NAME
 from shards.writer import MANIFEST_NAME, STATS_SUFFIX, ShardWriter
 
 CONFIG_NAME = "extract_config.yaml"
@@ -54,9 +55,11 @@ def check_output_dir(out_dir: Location) -> None:
         return
     if not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} is a file, not a directory")
+    # Also ours: the index a FeatureStore of earlier versions wrote beside the shards.
+    ours = (*OUTPUT_NAMES, INDEX_NAME)
     foreign = sorted(
         p.name for p in out_dir.iterdir()
-        if p.is_dir() or not any(fnmatch(p.name, pattern) for pattern in OUTPUT_NAMES)
+        if p.is_dir() or not any(fnmatch(p.name, pattern) for pattern in ours)
     )
     if foreign:
         raise ConfigError(
