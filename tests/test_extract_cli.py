@@ -83,6 +83,24 @@ def test_strict_exits_non_zero_on_failures(photo_folder, tmp_path):
     assert _run(photo_folder, tmp_path / "feats", "--strict") == 1
 
 
+def test_the_summary_and_strict_cover_the_whole_folder(photo_folder, tmp_path, capsys):
+    """Totals and --strict are the output folder's, every run's: a re-run of a finished run, and
+    one that resumes after a lost shard, report its 3 images ok and 5 failed, and fail --strict."""
+    out = tmp_path / "feats"
+    assert _run(photo_folder, out) == 0
+    capsys.readouterr()
+    assert _run(photo_folder, out, "--strict") == 1  # nothing left to extract, 5 failed before
+    summary = capsys.readouterr().out
+    assert "images ok: 3   failed: 5" in summary and "this run: 0 ok, 0 failed" in summary
+    reasons = [line for line in summary.splitlines() if line.startswith("    ") and " x " in line]
+    assert sum(int(line.split(" x ")[0]) for line in reasons) == 5  # by reason, every run's
+    (out / "00001.tar").unlink()  # as a run killed before that shard finished leaves it
+    (out / "00001_stats.json").unlink()
+    assert _run(photo_folder, out, "--strict") == 1
+    summary = capsys.readouterr().out
+    assert "resumed: 2 finished shard(s) kept" in summary and "images ok: 3   failed: 5" in summary
+
+
 def test_rerun_resumes_without_duplicates(photo_folder, tmp_path, capsys):
     out = tmp_path / "feats"
     assert _run(photo_folder, out) == 0

@@ -52,7 +52,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", help="cpu, cuda or cuda:N (default: cuda if available)")
     parser.add_argument(
-        "--strict", action="store_true", help="exit non-zero if any image fails"
+        "--strict", action="store_true",
+        help="exit non-zero if any image of the output folder failed (this run's or an earlier "
+        "one's)"
     )
     group = parser.add_argument_group("engine (may change when a run is resumed)")
     group.add_argument(
@@ -110,7 +112,7 @@ def chosen_weights(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.extract.config import load_given_boxes, resolve_job
     from pipeline.extract.job import extract_dataset
-    from pipeline.extract.output import check_output_dir, format_summary
+    from pipeline.extract.output import check_output_dir, folder_totals, format_summary
 
     weights = chosen_weights(args)
     job = resolve_job(
@@ -123,12 +125,14 @@ def run(args: argparse.Namespace) -> int:
     tally = extract_dataset(
         job, args.dataset, args.root, args.out, weights, given, address=args.address
     )
-    print(format_summary(tally, as_path(args.out)))
-    failures = sum(tally.failed.values())
-    if failures:
+    # The folder's totals, every run's: --strict fails a re-run of a run that had failures.
+    totals = folder_totals(as_path(args.out))
+    print(format_summary(tally, as_path(args.out), totals))
+    if totals.failures:
         print(f"  each image's outcome and error is in its shard's *_status.json under {args.out}")
-    if failures and not tally.ok and not tally.skipped_images:
+    if totals.failures and not totals.ok:
         raise DatasetError(
-            f"no image of {args.root} was extracted: all {failures} failed (the reasons above)"
+            f"no image of {args.root} was extracted: all {totals.failures} failed (the reasons "
+            "above)"
         )
-    return 1 if (args.strict and failures) else 0
+    return 1 if (args.strict and totals.failures) else 0

@@ -27,6 +27,7 @@ from pipeline.extract.output import (
     OutputLock,
     ShardSink,
     Tally,
+    folder_totals,
     format_summary,
     save_job_config,
 )
@@ -108,7 +109,7 @@ def extract_refs(
                 RayEngine(job, weights, detector, given_boxes, address).run(units, sink)
             write_manifest(out_dir)
             tally.wall_seconds = time.perf_counter() - start
-            log.write(format_summary(tally, out_dir))
+            log.write(format_summary(tally, out_dir, folder_totals(out_dir)))
         except BaseException as err:
             sink.abort()
             log.write(f"=== stopped by {type(err).__name__}: {err}")

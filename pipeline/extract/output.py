@@ -20,6 +20,7 @@ one URL at the same time are not refused (they write the same shards, the log of
 from __future__ import annotations
 
 import fcntl
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -286,18 +287,43 @@ def _image_ext(path: PurePosixPath) -> str:
     return "jpg" if ext == "jpeg" else ext
 
 
-def format_summary(tally: Tally, out_dir: Location) -> str:
-    """Images ok / failed by reason, boxes per image, throughput and wall time of one run."""
+@dataclass
+class FolderTotals:
+    """What an output folder holds, whichever runs wrote it: images ok, failures by reason."""
+
+    ok: int
+    failed: Counter
+
+    @property
+    def failures(self) -> int:
+        return sum(self.failed.values())
+
+
+def folder_totals(out_dir: Location) -> FolderTotals:
+    """The totals of every finished shard in `out_dir` (their stats files)."""
+    ok, failed = 0, Counter()
+    for path in sorted(out_dir.glob(f"*{STATS_SUFFIX}")):
+        stats = json.loads(path.read_text())
+        ok += stats["count"]
+        failed.update(f["reason"].split(": ", 1)[-1] for f in stats["failures"])
+    return FolderTotals(ok, failed)
+
+
+def format_summary(tally: Tally, out_dir: Location, totals: FolderTotals) -> str:
+    """The folder's images ok / failed by reason (every run's: `totals`), then this run's part
+    when it resumed, its boxes per image, throughput and wall time."""
     lines = [f"shards in {out_dir}"]
     if tally.skipped_shards:
         lines.append(
             f"  resumed: {tally.skipped_shards} finished shard(s) kept "
             f"({tally.skipped_images} images)"
         )
-    failed = sum(tally.failed.values())
-    lines.append(f"  images ok: {tally.ok}   failed: {failed}")
-    for reason, count in tally.failed.most_common():
+    lines.append(f"  images ok: {totals.ok}   failed: {totals.failures}")
+    for reason, count in totals.failed.most_common():
         lines.append(f"    {count} x {reason}")
+    failed = sum(tally.failed.values())
+    if tally.skipped_shards:
+        lines.append(f"  this run: {tally.ok} ok, {failed} failed")
     if tally.boxes:
         b = np.array(tally.boxes)
         lines.append(f"  boxes per image: mean {b.mean():.1f}, min {b.min()}, max {b.max()}")
