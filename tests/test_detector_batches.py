@@ -13,7 +13,7 @@ from pipeline.detector.train import (
     DetectorTrainConfig,
     _aspect_grouped_order,
     _crop,
-    _training_batches,
+    TrainingBatches,
 )
 
 
@@ -67,7 +67,7 @@ def test_world_batches_have_no_padding(tmp_path):
 
     assert main(["world", "generate", "--out", str(tmp_path), "--images", "24"]) == 0
     train, _ = load_visual_genome(tmp_path)
-    batches = _training_batches(train, DetectorTrainConfig())
+    batches = TrainingBatches(train, DetectorTrainConfig())
     for _ in range(8):
         batch = next(batches)
         height, width = batch.images.shape[-2:]

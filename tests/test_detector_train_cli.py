@@ -85,3 +85,52 @@ def test_a_detector_value_out_of_range_is_one_line(tmp_path, capsys, setting, me
     assert main(argv) == 2
     assert capsys.readouterr().err == f"pipeline: config error: {message}\n"
     assert not (tmp_path / "run").exists()
+
+
+def test_a_stopped_run_resumes_exactly(tmp_path, monkeypatch, capsys):
+    """Checkpoints every checkpoint_every steps; a run stopped after step 5 of 6 and resumed
+    with --resume ends with the uninterrupted run's losses and weights, bit for bit. Without
+    --resume, an --out holding a checkpoint is refused in one line."""
+    import safetensors.torch
+    import torch
+
+    import pipeline.detector.train as train
+
+    world = _world(tmp_path, 16)
+    sets = ["optim.steps=6", "optim.warmup_steps=1", "optim.batch_size=2", "log_every=1",
+            "checkpoint_every=2"]
+    overrides = [a for s in sets for a in ("--set", s)]
+
+    def argv(out):
+        return ["detector", "train", "--data", str(world), "--out", str(out), "--device", "cpu",
+                "--config", str(CONFIG), *overrides]
+
+    assert main(argv(tmp_path / "whole")) == 0
+    real = train.detector_losses
+    calls = []
+
+    def stopping(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 6:  # the 6th step: the checkpoint of step 4 is the latest
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(train, "detector_losses", stopping)
+    broken = tmp_path / "broken"
+    with pytest.raises(KeyboardInterrupt):
+        main(argv(broken))
+    monkeypatch.undo()
+    assert train.checkpoint_step(broken / train.CHECKPOINT) == 4
+    capsys.readouterr()
+    assert main(argv(broken)) == 2
+    assert capsys.readouterr().err == (
+        f"pipeline: config error: --out {broken} holds the checkpoint of an earlier run (step 4): "
+        "add --resume to continue it, or choose another --out\n")
+    assert main(argv(broken) + ["--resume"]) == 0
+    assert "resumed from" in capsys.readouterr().out
+    whole, resumed = (json.loads((tmp_path / d / "metrics.json").read_text())["loss_log"]
+                      for d in ("whole", "broken"))
+    assert resumed == whole and [e["step"] for e in whole] == [1, 2, 3, 4, 5, 6]
+    a, b = (safetensors.torch.load_file(tmp_path / d / "detector.safetensors")
+            for d in ("whole", "broken"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

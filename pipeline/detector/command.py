@@ -1,9 +1,10 @@
 """`pipeline detector train`: train the detector on Visual Genome-format data, measure it on the
 held-out images and save a checkpoint `pipeline extract` loads.
 
-Writes to `--out`: detector.safetensors (our checkpoint format), detector_config.yaml (the
-`detector` and `preprocess` sections, usable as `pipeline extract --config`), train_config.yaml
-(the resolved training config) and metrics.json.
+Writes to `--out`: checkpoint.pt (the training state every `checkpoint_every` steps and at the
+end: `--resume` continues from it exactly), detector.safetensors (our checkpoint format),
+detector_config.yaml (the `detector` and `preprocess` sections, usable as `pipeline extract
+--config`), train_config.yaml (the resolved training config) and metrics.json.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     train.add_argument("--data", required=True, help="dataset root (a generated world)")
     train.add_argument("--out", required=True, help="output directory for the checkpoint and metrics")
     train.add_argument("--device", help="cpu or cuda (default: cuda if available)")
+    train.add_argument("--resume", action="store_true",
+                       help="continue from --out's checkpoint.pt (the steps after it repeat what "
+                       "the uninterrupted run would have done)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.common.devices import pick_device
     from pipeline.detector.evaluation import evaluate_detector
     from pipeline.detector.train import (
+        CHECKPOINT,
         DetectorTrainConfig,
+        checkpoint_step,
         load_visual_genome,
         train_detector,
     )
@@ -52,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     cfg = resolve(DetectorTrainConfig(), args.config, args.sets)
     device = pick_device(args.device or cfg.device)
     out = Path(args.out)
+    found = checkpoint_step(out / CHECKPOINT)
+    if found is not None and not args.resume:
+        raise ConfigError(f"--out {out} holds the checkpoint of an earlier run (step {found}): "
+                          "add --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     train, held_out = load_visual_genome(Path(args.data), cfg.scored_attributes)
     if not train or not held_out:
@@ -62,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     (out / "train_config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
     start = time.perf_counter()
-    model, log = train_detector(train, cfg, device)
+    model, log = train_detector(train, cfg, device, checkpoint=out / CHECKPOINT,
+                                resume=args.resume)
     train_seconds = time.perf_counter() - start
     start = time.perf_counter()
     metrics = evaluate_detector(model, held_out, cfg, device)

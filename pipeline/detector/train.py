@@ -84,7 +84,8 @@ class DetectorTrainConfig:
     """detector / preprocess: the trained model and its input (saved with the checkpoint).
     losses: sampling and loss settings. optim: the optimiser and schedule. eval_selection: the
     box selection used for evaluation. eval_batch_size: images per extractor call. log_every:
-    steps between loss lines. seed: model initialisation, data order, flips and sampling.
+    steps between loss lines. checkpoint_every: steps between checkpoints (`--resume` continues
+    from the latest exactly). seed: model initialisation, data order, flips and sampling.
     device: "auto", "cpu", "cuda" (overridden by --device). scored_attributes: the attribute
     group that attribute accuracy scores (the argmax over these only; each ground-truth object's
     first attribute among them is its label): by default the ten colours the world paints with."""
@@ -96,9 +97,15 @@ class DetectorTrainConfig:
     eval_selection: SelectionConfig = EVAL_SELECTION
     eval_batch_size: int = 8
     log_every: int = 50
+    checkpoint_every: int = 50
     seed: int = 0
     device: str = "auto"
     scored_attributes: tuple[str, ...] = COLORS
+
+    def __post_init__(self) -> None:
+        for name in ("eval_batch_size", "log_every", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} = {getattr(self, name)}: must be positive")
 
 
 @dataclass
@@ -224,38 +231,66 @@ def _crop(
     return cropped, keep, clipped - np.tile(window[:2], 2)
 
 
-def _training_batches(images: list[AnnotatedImage], cfg: DetectorTrainConfig):
+class TrainingBatches:
     """Endless batches: per epoch, images of similar aspect ratio grouped (seeded), random
-    horizontal flips, and each batch cropped to its smallest image's size.
+    horizontal flips, and each batch cropped to its smallest image's size. `state()` /
+    `load(state)`: where it stands (its generator, the epoch's order, the next batch), for a
+    checkpoint.
 
     After the resize every image of a group has nearly the same size, so the crop removes only a
     few pixels, and a batch needs no padding: a mixed batch of portrait and landscape images
     would be about half padding, and padding costs the backbone masked normalisation too
     (measured: 2x slower steps).
     """
-    rng = np.random.default_rng(cfg.seed)
-    while True:
-        for group in _aspect_grouped_order(images, cfg.optim.batch_size, rng):
-            prepared, boxes = [], []
-            for k in group:
-                image = images[k]
-                bgr = load_bgr(image, cfg.preprocess)
-                box = image.boxes_xyxy.copy()
-                if cfg.optim.hflip and rng.random() < 0.5:
-                    bgr = np.ascontiguousarray(bgr[:, ::-1])
-                    box[:, [0, 2]] = bgr.shape[1] - box[:, [2, 0]]
-                prepared.append(resize_image(bgr, cfg.preprocess))
-                boxes.append(box)
-            height = min(p.pixels.shape[1] for p in prepared)
-            width = min(p.pixels.shape[2] for p in prepared)
-            cropped, kept_boxes, classes, attributes = [], [], [], []
-            for k, p, box in zip(group, prepared, boxes):
-                p, keep, box = _crop(p, box, height, width, rng)
-                cropped.append(p)
-                kept_boxes.append(box[keep])
-                classes.append(images[k].classes[keep])
-                attributes.append(images[k].attributes[keep])
-            yield make_batch(cropped, kept_boxes, classes, attributes, cfg.detector)
+
+    def __init__(self, images: list[AnnotatedImage], cfg: DetectorTrainConfig) -> None:
+        if len(images) < cfg.optim.batch_size:
+            raise ConfigError(f"{len(images)} training images, fewer than optim.batch_size "
+                              f"{cfg.optim.batch_size}")
+        self.images, self.cfg = images, cfg
+        self.rng = np.random.default_rng(cfg.seed)
+        self.order: list[np.ndarray] = []
+        self.position = 0
+
+    def __iter__(self) -> TrainingBatches:
+        return self
+
+    def state(self) -> dict:
+        return {"rng": self.rng.bit_generator.state, "position": self.position,
+                "order": [group.tolist() for group in self.order]}
+
+    def load(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.position = state["position"]
+        self.order = [np.asarray(group, dtype=np.int64) for group in state["order"]]
+
+    def __next__(self):
+        cfg, images, rng = self.cfg, self.images, self.rng
+        if self.position == len(self.order):
+            self.order = _aspect_grouped_order(images, cfg.optim.batch_size, rng)
+            self.position = 0
+        group = self.order[self.position]
+        self.position += 1
+        prepared, boxes = [], []
+        for k in group:
+            image = images[k]
+            bgr = load_bgr(image, cfg.preprocess)
+            box = image.boxes_xyxy.copy()
+            if cfg.optim.hflip and rng.random() < 0.5:
+                bgr = np.ascontiguousarray(bgr[:, ::-1])
+                box[:, [0, 2]] = bgr.shape[1] - box[:, [2, 0]]
+            prepared.append(resize_image(bgr, cfg.preprocess))
+            boxes.append(box)
+        height = min(p.pixels.shape[1] for p in prepared)
+        width = min(p.pixels.shape[2] for p in prepared)
+        cropped, kept_boxes, classes, attributes = [], [], [], []
+        for k, p, box in zip(group, prepared, boxes):
+            p, keep, box = _crop(p, box, height, width, rng)
+            cropped.append(p)
+            kept_boxes.append(box[keep])
+            classes.append(images[k].classes[keep])
+            attributes.append(images[k].attributes[keep])
+        return make_batch(cropped, kept_boxes, classes, attributes, cfg.detector)
 
 
 def _optimizer(model: torch.nn.Module, optim: DetectorOptimConfig) -> torch.optim.Optimizer:
@@ -276,19 +311,52 @@ def learning_rate(step: int, optim: DetectorOptimConfig) -> float:
     return optim.lr * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
+CHECKPOINT = "checkpoint.pt"
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step a detector training checkpoint was written at, or None when there is none."""
+    if not path.is_file():
+        return None
+    return int(torch.load(path, map_location="cpu", weights_only=False)["step"])
+
+
 def train_detector(
-    images: list[AnnotatedImage], cfg: DetectorTrainConfig, device: torch.device
+    images: list[AnnotatedImage], cfg: DetectorTrainConfig, device: torch.device,
+    checkpoint: Path | None = None, resume: bool = False,
 ) -> tuple[BUTDDetector, list[dict[str, float]]]:
-    """Train from scratch; returns the model (frozen norms, eval mode) and the logged losses."""
+    """Train from scratch, or (`resume`) from `checkpoint` where an earlier run wrote one;
+    returns the model (frozen norms, eval mode) and the logged losses. With `checkpoint`, the
+    state is written there every cfg.checkpoint_every steps and at the end (replaced
+    atomically): a resumed run repeats the uninterrupted one's steps exactly."""
     torch.manual_seed(cfg.seed)
     model = BUTDDetector(cfg.detector)
     init_detector(model, torch.Generator().manual_seed(cfg.seed))
     model = unfreeze_batchnorm(model).to(device).train()
     optimizer = _optimizer(model, cfg.optim)
     sampler = torch.Generator().manual_seed(cfg.seed + 1)
-    batches = _training_batches(images, cfg)
-    log, window = [], {name: 0.0 for name in LOSS_NAMES}
-    progress = tqdm(range(cfg.optim.steps), desc="detector train", unit="step")
+    batches = TrainingBatches(images, cfg)
+    log, window, start = [], {name: 0.0 for name in LOSS_NAMES}, 0
+    if resume and checkpoint is not None and checkpoint.is_file():
+        # Our own file, written by this function: numpy's generator state needs more than
+        # weights_only allows.
+        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        sampler.set_state(state["sampler"])
+        batches.load(state["batches"])
+        log, window, start = state["log"], state["window"], state["step"]
+        print(f"resumed from {checkpoint} (step {start})")
+
+    def save(step: int) -> None:
+        tmp = checkpoint.with_suffix(".tmp")
+        torch.save({"step": step, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(), "sampler": sampler.get_state(),
+                    "batches": batches.state(), "log": log, "window": window}, tmp)
+        tmp.replace(checkpoint)
+
+    progress = tqdm(range(start, cfg.optim.steps), desc="detector train", unit="step",
+                    initial=start, total=cfg.optim.steps)
     for step in progress:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, cfg.optim)
@@ -311,4 +379,8 @@ def train_detector(
                 + " ".join(f"{k} {v:.3f}" for k, v in entry.items() if k != "step")
             )
             window = {name: 0.0 for name in LOSS_NAMES}
+        done = step + 1
+        if checkpoint is not None and (done % cfg.checkpoint_every == 0
+                                       or done == cfg.optim.steps):
+            save(done)
     return freeze_batchnorm(model).eval(), log
