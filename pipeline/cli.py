@@ -1,8 +1,9 @@
 """`pipeline`: the command line, a table of verbs.
 
 Each verb is a module that offers HELP (one line for the verb list), DESCRIPTION (its --help
-text), `add_args(parser)` and `run(args) -> exit status`; verbs with actions (`pipeline shards
-verify`) add them as sub-parsers. Verb modules import only light things at the top and the
+text), `add_args(parser)` and `run(args) -> exit status`, and may offer ON_INTERRUPT (what to do
+after Ctrl-C, e.g. how to resume); verbs with actions (`pipeline shards verify`) add them as
+sub-parsers. Verb modules import only light things at the top and the
 heavy ones (torch, Ray) inside `run`, so `pipeline --help` is instant.
 """
 
@@ -123,6 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return VERBS[args.verb].run(args)
+    except KeyboardInterrupt:
+        # The verbs leave nothing half-written (shards, checkpoints and corpora are renamed into
+        # place when complete): say so, and how to go on, not where the signal landed.
+        hint = getattr(VERBS[args.verb], "ON_INTERRUPT", "")
+        print(f"pipeline: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
+        return 130
     except tuple(USER_ERRORS) as err:
         kind = next(label for error, label in USER_ERRORS.items() if isinstance(err, error))
         print(f"pipeline: {kind}: {err}", file=sys.stderr)

@@ -11,10 +11,10 @@
   Python bool), blocking copies between the host and a GPU (either way; `non_blocking` ones do
   not wait), and the waits of `extractor.host.fetch` (profiler ranges named "host sync: ...": its
   non-blocking copies are not waits themselves).
-- casts: the ops that convert floating-point tensors between floating-point dtypes (`_to_copy`, `copy_` and
-  `_foreach_copy_` whose source and target dtypes differ; a multi-tensor copy counts once, as it
-  launches once): what autocast adds to a step, and what bfloat16 weights with float32 master
-  weights take away (pipeline/train/precision.py).
+- casts: the ops that convert floating-point tensors between floating-point dtypes (`_to_copy`,
+  `copy_` and `_foreach_copy_` whose source and target dtypes differ; a multi-tensor copy counts
+  once, as it launches once): what autocast adds to a step, and what bfloat16 weights with
+  float32 master weights take away (pipeline/train/precision.py).
 The counts are the same on any device for the same code path, except the copies between host and
 device, which only a GPU run can show; `.tolist()` and `.numpy()` bypass the dispatcher and are
 not seen, and neither is the copy inside `torch.tensor(data, device=...)` or

@@ -11,6 +11,7 @@ from pipeline.common.arguments import Actions
 from pipeline.common.config import resolve
 
 HELP = "build the pretraining corpus from annotation files"
+ON_INTERRUPT = "nothing was written; run the same command again"
 DESCRIPTION = "Build LXMERT's pretraining corpus (splits, answer table, text) from annotation files."
 
 

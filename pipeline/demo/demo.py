@@ -28,6 +28,7 @@ from pipeline.demo.recipe import VARIANTS, DemoConfig, finetune_config, pretrain
 from pipeline.demo.trainings import Steps, Trainings
 
 HELP = "the whole pipeline learning on a laptop: world -> features -> LXMERT -> VQA, NLVR2, ..."
+ON_INTERRUPT = "run the same command again: the finished steps are reused"
 DESCRIPTION = (
     "Generate a synthetic world, extract its images with Ray and the bundled detector, pretrain "
     "a small LXMERT, fine-tune VQA and NLVR2 (pretrained, from scratch, language-only), score "

@@ -357,30 +357,31 @@ def train_detector(
 
     progress = tqdm(range(start, cfg.optim.steps), desc="detector train", unit="step",
                     initial=start, total=cfg.optim.steps)
-    for step in progress:
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, cfg.optim)
-        losses = detector_losses(model, next(batches).to(device), cfg.losses, sampler)
-        total = sum(losses.values())
-        if not torch.isfinite(total):
-            raise FloatingPointError(f"step {step}: non-finite loss {losses}")
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        optimizer.step()
-        for name in LOSS_NAMES:
-            window[name] += losses[name].detach().item()
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.optim.steps:
-            count = (step % cfg.log_every) + 1
-            entry = {"step": step + 1, **{k: v / count for k, v in window.items()}}
-            log.append(entry)
-            progress.write(
-                f"step {step + 1}: "
-                + " ".join(f"{k} {v:.3f}" for k, v in entry.items() if k != "step")
-            )
-            window = {name: 0.0 for name in LOSS_NAMES}
-        done = step + 1
-        if checkpoint is not None and (done % cfg.checkpoint_every == 0
-                                       or done == cfg.optim.steps):
-            save(done)
+    with progress:  # an error or Ctrl-C leaves the bar closed, its line ended
+        for step in progress:
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(step, cfg.optim)
+            losses = detector_losses(model, next(batches).to(device), cfg.losses, sampler)
+            total = sum(losses.values())
+            if not torch.isfinite(total):
+                raise FloatingPointError(f"step {step}: non-finite loss {losses}")
+            optimizer.zero_grad(set_to_none=True)
+            total.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+            optimizer.step()
+            for name in LOSS_NAMES:
+                window[name] += losses[name].detach().item()
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.optim.steps:
+                count = (step % cfg.log_every) + 1
+                entry = {"step": step + 1, **{k: v / count for k, v in window.items()}}
+                log.append(entry)
+                progress.write(
+                    f"step {step + 1}: "
+                    + " ".join(f"{k} {v:.3f}" for k, v in entry.items() if k != "step")
+                )
+                window = {name: 0.0 for name in LOSS_NAMES}
+            done = step + 1
+            if checkpoint is not None and (done % cfg.checkpoint_every == 0
+                                           or done == cfg.optim.steps):
+                save(done)
     return freeze_batchnorm(model).eval(), log

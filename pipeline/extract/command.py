@@ -10,6 +10,7 @@ from pipeline.datasets import READERS, DatasetError
 from shards.storage import as_path
 
 HELP = "detect regions and write feature shards"
+ON_INTERRUPT = "run the same command again to resume: finished shards are kept"
 DESCRIPTION = (
     "Run the bottom-up-attention detector over a dataset's images and write WebDataset shards of "
     "boxes, labels, attributes and region features. Re-running the same command resumes: "

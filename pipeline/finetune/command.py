@@ -11,6 +11,7 @@ from pipeline.finetune.examples import TASKS
 from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
 
 HELP = "fine-tune on VQA, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K from a checkpoint (or scratch)"
+ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
 DESCRIPTION = """\
 Fine-tune on VQA v2, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K retrieval from the released files
 (data.root: see the README's folder layouts), starting from a checkpoint (--from:

@@ -9,6 +9,7 @@ from pipeline.common.config import ConfigError
 from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
 
 HELP = "pretrain LXMERT / VisualBERT / VL-BERT / ViLBERT on shards + corpus"
+ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
 DESCRIPTION = """\
 Pretrain a cross-modal transformer on feature shards joined with a corpus
 (`pipeline corpus build`). The config names the architecture (lxmert, visualbert, vlbert,

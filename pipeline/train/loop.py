@@ -320,27 +320,29 @@ class Trainer:
                    desc=self.job.name, unit="step", dynamic_ncols=True,
                    mininterval=0.1 if sys.stderr.isatty() else 10.0)
         window_start, window_rows = time.perf_counter(), 0
-        for done in self.steps():
-            step = done.step
-            window_rows += done.rows
-            bar.update(1)
-            log = step % run.log_every == 0 or step == self.total_steps
-            every = step % run.val_every == 0 if run.val_every else done.epoch_end
-            if log or every or step % run.checkpoint_every == 0:
-                self.diverged.check(self.reducer, step)
-            if log:
-                if self.device.type == "cuda":  # the rate counts finished steps only
-                    torch.cuda.synchronize(self.device)
-                seconds = time.perf_counter() - window_start
-                record = self._train_record(done, window_rows / seconds,
-                                            self.data_wait / seconds)
-                bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=done.epoch, refresh=False)
-                window_start, window_rows, self.data_wait = time.perf_counter(), 0, 0.0
-            if every and step != self.total_steps:
-                self.validate()
-            if step % run.checkpoint_every == 0 and step != self.total_steps:
-                self._save()
-        bar.close()
+        try:  # an error or Ctrl-C leaves the bar closed, its line ended
+            for done in self.steps():
+                step = done.step
+                window_rows += done.rows
+                bar.update(1)
+                log = step % run.log_every == 0 or step == self.total_steps
+                every = step % run.val_every == 0 if run.val_every else done.epoch_end
+                if log or every or step % run.checkpoint_every == 0:
+                    self.diverged.check(self.reducer, step)
+                if log:
+                    if self.device.type == "cuda":  # the rate counts finished steps only
+                        torch.cuda.synchronize(self.device)
+                    seconds = time.perf_counter() - window_start
+                    record = self._train_record(done, window_rows / seconds,
+                                                self.data_wait / seconds)
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=done.epoch, refresh=False)
+                    window_start, window_rows, self.data_wait = time.perf_counter(), 0, 0.0
+                if every and step != self.total_steps:
+                    self.validate()
+                if step % run.checkpoint_every == 0 and step != self.total_steps:
+                    self._save()
+        finally:
+            bar.close()
         last_val = self.validate()
         if self.log is not None:
             self.log.close()

@@ -12,6 +12,7 @@ from pipeline.common.arguments import Actions
 from pipeline.common.config import resolve
 
 HELP = "the synthetic world: images and annotations in real formats"
+ON_INTERRUPT = "nothing was written; run the same command again"
 DESCRIPTION = "Generate the synthetic world the project tests, benchmarks and demonstrates on."
 
 

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 import random
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -535,10 +536,27 @@ def write_cc3m(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
 
 
 def generate_world(cfg: WorldConfig, out: Path, progress: bool = True) -> dict:
-    """Write the whole world under `out` (which must be empty or absent); returns world.json."""
+    """Write the whole world under `out` (which must be empty or absent); returns world.json.
+    It is written into `.{out}.partial` beside it and renamed when complete: an interrupted run
+    leaves nothing in `out`, and the same command run again starts afresh."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty directory")
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.parent / f".{out.name}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        world = _write_world(cfg, partial, progress)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if out.exists():
+        out.rmdir()  # empty (checked above)
+    partial.rename(out)
+    return world
+
+
+def _write_world(cfg: WorldConfig, out: Path, progress: bool) -> dict:
     plan = plan_images(cfg)
     nlvr2_scenes = 2 * PAIRS_PER_SET * sum(nlvr2_set_counts(cfg).values())
     cc3m_scenes = max(1, round(cfg.images * cfg.cc3m_fraction))
