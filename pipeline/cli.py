@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import re
 import sys
 from types import ModuleType
 
@@ -42,6 +43,7 @@ from pipeline.train import convert, plot
 from pipeline.train.errors import DivergenceError
 from pipeline.world import command as world
 from shards.schema import SchemaError
+from shards.storage import StorageError, check_reachable, explain
 
 VERBS: dict[str, ModuleType] = {
     "extract": extract,
@@ -76,6 +78,7 @@ USER_ERRORS: dict[type[Exception], str] = {
     AnalysisError: "analysis error",
     EntitiesError: "entities error",
     ParserUnavailable: "parser error",
+    StorageError: "storage error",
 }
 # A file the user named in a place this process may not write (or read), e.g. a read-only --out.
 DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -120,9 +123,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def urls(args: argparse.Namespace) -> list[str]:
+    """The URLs a command line names (its options' and arguments' values)."""
+    found = []
+    for value in vars(args).values():
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and re.match(r"[a-zA-Z][\w+.-]*://", item):
+                found.append(item)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    named = urls(args)
     try:
+        for url in named:  # an object store that cannot be used is said at once, not after retries
+            check_reachable(url)
         return VERBS[args.verb].run(args)
     except KeyboardInterrupt:
         # The verbs leave nothing half-written (shards, checkpoints and corpora are renamed into
@@ -135,11 +151,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeline: {kind}: {err}", file=sys.stderr)
         return 2
     except OSError as err:
-        if err.errno not in DENIED:
-            raise
-        where = f"{err.filename}: {err.strerror}" if err.filename else err  # pyarrow's has none
-        print(f"pipeline: file error: {where}", file=sys.stderr)
-        return 2
+        if err.errno in DENIED:
+            where = f"{err.filename}: {err.strerror}" if err.filename else err  # pyarrow's has none
+            print(f"pipeline: file error: {where}", file=sys.stderr)
+            return 2
+        return storage_error(err, named)
+    except Exception as err:
+        return storage_error(err, named)
+
+
+def storage_error(err: Exception, named: list[str]) -> int:
+    """An object store's failure (a URL in a config, found while working): one line, exit 2;
+    anything else raised again."""
+    cause = explain(err)
+    if cause is None:
+        raise err
+    where = f"{named[0]}: " if len(named) == 1 else ""
+    print(f"pipeline: storage error: {where}{cause}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ staging file and uploaded in one put (`publish`).
 
 Credentials and endpoints are fsspec's: for S3, the usual AWS variables (AWS_ACCESS_KEY_ID,
 AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for a non-AWS server such as MinIO), read on every node.
+What goes wrong with them (no credentials, an endpoint that does not answer, no such bucket,
+access denied) is said in words (`explain`), and found at once for the URLs a command names
+(`check_reachable`: one attempt, short timeouts) rather than after botocore's retries.
 """
 
 from __future__ import annotations
@@ -19,11 +22,65 @@ import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
+from urllib.parse import urlsplit
 
 if TYPE_CHECKING:  # imported when a URL is first used: local work needs no fsspec
     from upath import UPath
 
 Location = Union[Path, "UPath"]
+
+# The short probe of check_reachable: botocore would otherwise retry a dead endpoint for a minute.
+_PROBE = {"connect_timeout": 5, "read_timeout": 15, "retries": {"max_attempts": 1}}
+
+
+class StorageError(ValueError):
+    """An object store that cannot be used: the URL and the cause in words."""
+
+
+def explain(err: BaseException) -> str | None:
+    """The cause of a failed object-store call in words (no credentials, endpoint unreachable,
+    no such bucket, access denied), from `err` or the errors it was raised from; None when it is
+    none of those."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        name = type(err).__name__
+        if name in ("NoCredentialsError", "PartialCredentialsError"):
+            return ("no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or "
+                    "AWS_PROFILE)")
+        if name in ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError"):
+            request = urlsplit(getattr(err, "kwargs", {}).get("endpoint_url", ""))
+            endpoint = f" ({request.scheme}://{request.netloc})" if request.netloc else ""
+            return f"endpoint unreachable{endpoint}"
+        if name == "ClientError":
+            code = str(err.response.get("Error", {}).get("Code", ""))
+            if code in ("NoSuchBucket", "404"):
+                return "no such bucket"
+            if code in ("AccessDenied", "403", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+                        "ExpiredToken", "AllAccessDisabled"):
+                return f"access denied ({code})"
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def check_reachable(url: str) -> None:
+    """StorageError naming `url` and the cause when its object store cannot be used, found in
+    seconds (one attempt, short timeouts: the probe's own filesystem, not the cached one). Other
+    schemes than s3:// pass unchecked."""
+    if not str(url).startswith("s3://"):
+        return
+    import s3fs
+
+    fs = s3fs.S3FileSystem(config_kwargs=_PROBE, skip_instance_cache=True)
+    fs.retries = 1  # s3fs's own retry loop around botocore's (a class attribute, 5)
+    bucket = str(url)[len("s3://"):].split("/")[0]
+    try:
+        fs.info(bucket)
+    except Exception as err:  # noqa: BLE001 - any failure is said in words or passed on
+        cause = explain(err)
+        if cause is None:
+            raise
+        raise StorageError(f"{url}: {cause}") from err
 
 
 def is_url(value: str | os.PathLike | UPath) -> bool:
