@@ -30,12 +30,16 @@ from shards.storage import as_path
 Row = tuple[Example, tuple[Sample, ...]]
 
 
-def subset_examples(task: str, root: Path, subset: str) -> list:
+def subset_examples(task: str, root: Path, subset: str, *, labelled: bool = False) -> list:
     """One subset's examples from the released files under `root` (Example for VQA, GQA and
     NLVR2; the other tasks' own kinds: vcr.ChoiceExample, refcoco.RefExample,
-    retrieval.CaptionExample)."""
+    retrieval.CaptionExample). labelled: the subset must have its answers (training and
+    validation): VQA's annotations file is then required, where a test subset has none."""
     if task == "vqa":
         annotations = root / f"v2_mscoco_{subset}_annotations.json"
+        if labelled and not annotations.exists():
+            raise TaskDataError(f"{annotations}: file not found (VQA annotations: training and "
+                                f"validation on {subset} need its answers)")
         return read_vqa(
             root / f"v2_OpenEnded_mscoco_{subset}_questions.json",
             annotations if annotations.exists() else None,
@@ -67,8 +71,9 @@ def holdout_images(corpus: Path) -> set[str]:
 def task_examples(task: str, data: TaskDataConfig) -> tuple[list[Example], list[Example]]:
     """(training examples, validation examples) of the config."""
     root = as_path(data.root)
-    train = [e for subset in data.train for e in subset_examples(task, root, subset)]
-    val = subset_examples(task, root, data.val)
+    train = [e for subset in data.train
+             for e in subset_examples(task, root, subset, labelled=True)]
+    val = subset_examples(task, root, data.val, labelled=True)
     if data.holdout:
         held = holdout_images(as_path(data.holdout))
         train = [e for e in train if not set(e.images) & held]
