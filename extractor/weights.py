@@ -35,7 +35,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from extractor.config import DetectorConfig
+from extractor.config import BLOCKS_PER_STAGE, DetectorConfig
 from extractor.errors import WeightsError
 
 try:
@@ -266,12 +266,58 @@ def load_detector_weights(model: nn.Module, path: str | os.PathLike) -> WeightsI
     if problems:
         more = len(problems) - _LISTED_PROBLEMS
         raise WeightsError(
-            f"checkpoint {path} ({fmt}) does not match the detector, {len(problems)} problem(s): "
+            f"checkpoint {path} ({fmt}) does not match the detector"
+            + _fitting_config(getattr(model, "cfg", None), found, path)
+            + f", {len(problems)} problem(s): "
             + "; ".join(problems[:_LISTED_PROBLEMS]) + (f"; and {more} more" if more > 0 else "")
         )
     merged = {name: found.get(name, t).to(t.dtype) for name, t in expected.items()}
     model.load_state_dict(merged, strict=True)
     return WeightsInfo(format=fmt, sha256=file_sha256(path), num_tensors=len(found))
+
+
+def _fitting_config(cfg: DetectorConfig | None, found: Mapping[str, torch.Tensor],
+                    path: str | os.PathLike) -> str:
+    """What the checkpoint's tensors say of the detector they fit, where it differs from `cfg`
+    ("": nothing to say): the fields their names and shapes fix, and the config file beside a
+    checkpoint of ours (the bundled world detector's needs its --config)."""
+    if cfg is None:
+        return ""
+    fits = _fields_of(found)
+    differ = {k: v for k, v in fits.items() if getattr(cfg, k) != v}
+    if not differ:
+        return ""
+    said = ", ".join(f"{k} {v}" for k, v in differ.items())
+    here = ", ".join(f"{k} {getattr(cfg, k)}" for k in differ)
+    line = f": its tensors fit a detector with {said} (the config has {here})"
+    stem = Path(path)
+    beside = [p for p in (stem.with_suffix(".yaml"), stem.parent / "detector_config.yaml")
+              if p.is_file()]
+    return line + (f"; extract with --config {beside[0]}" if beside else "")
+
+
+def _fields_of(found: Mapping[str, torch.Tensor]) -> dict[str, int]:
+    """The DetectorConfig fields a state dict (our names) fixes by its names and shapes."""
+    blocks: dict[str, set[int]] = {}
+    for name in found:
+        parts = name.split(".")
+        for i, part in enumerate(parts[:-1]):
+            if part in ("res2", "res3", "res4", "res5") and parts[i + 1].isdigit():
+                blocks.setdefault(part, set()).add(int(parts[i + 1]))
+    counts = tuple(len(blocks.get(s, ())) for s in ("res2", "res3", "res4", "res5"))
+    bottleneck = any(".res2." in n and ".conv3." in n for n in found)
+    fields = {"depth": d for d, per in BLOCKS_PER_STAGE.items()
+              if per == counts and (d >= 50) == bottleneck}
+    shapes = {"width": ("backbone.stem.conv1.weight", 0),
+              "rpn_hidden": ("proposal_generator.rpn_head.conv.weight", 0),
+              "num_classes": ("roi_heads.box_predictor.cls_score.weight", -1),
+              "num_attributes": ("roi_heads.box_predictor.attr_score.weight", -1),
+              "attr_hidden": ("roi_heads.box_predictor.fc_attr.weight", 0)}
+    for field, (name, offset) in shapes.items():
+        if name in found:
+            # cls_score and attr_score have one row more: background, no attribute
+            fields[field] = int(found[name].shape[0]) + (offset if offset < 0 else 0)
+    return fields
 
 
 # --- hashes ---------------------------------------------------------------------------------------

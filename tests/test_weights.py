@@ -478,3 +478,29 @@ def test_read_detector_config_refuses_foreign_files(tmp_path):
     safetensors.numpy.save_file({"a": np.zeros(2, dtype=np.float32)}, path, metadata=newer)
     with pytest.raises(WeightsError, match="use_fpn"):
         read_detector_config(path)
+
+
+@pytest.mark.parametrize("saved, config, said", [
+    (dict(depth=18, width=8, rpn_hidden=64), dict(depth=101, width=64, rpn_hidden=512),
+     "depth 18, width 8, rpn_hidden 64 (the config has depth 101, width 64, rpn_hidden 512)"),
+    (dict(depth=50, width=8, rpn_hidden=32), dict(depth=34, width=8, rpn_hidden=32),
+     "depth 50 (the config has depth 34)"),  # same blocks per stage: bottlenecks tell them apart
+    (dict(depth=18, width=8, rpn_hidden=32, num_classes=20, num_attributes=5),
+     dict(depth=18, width=8, rpn_hidden=32),
+     "num_classes 20, num_attributes 5 (the config has num_classes 1600, num_attributes 400)"),
+])
+def test_weights_that_do_not_fit_say_which_config_they_fit(tmp_path, saved, config, said):
+    """Weights of another detector name the fields their tensors fix, against the config's; a
+    checkpoint with its config file beside it names that file."""
+    path = tmp_path / "det.safetensors"
+    save_detector(BUTDDetector(dataclasses.replace(DetectorConfig(), **saved)), path,
+                  dataclasses.replace(DetectorConfig(), **saved))
+    model = BUTDDetector(dataclasses.replace(DetectorConfig(), **config))
+    with pytest.raises(WeightsError, match="does not match the detector") as caught:
+        load_detector_weights(model, path)
+    assert f": its tensors fit a detector with {said}, " in str(caught.value)
+    assert "--config" not in str(caught.value)
+    (tmp_path / "det.yaml").write_text("detector: {}\n")
+    with pytest.raises(WeightsError) as caught:
+        load_detector_weights(model, path)
+    assert f"{said}; extract with --config {tmp_path / 'det.yaml'}, " in str(caught.value)
