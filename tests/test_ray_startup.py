@@ -7,8 +7,11 @@ Only the last test starts Ray (about two minutes on two cores, most of it Ray Tr
 controller, helpers and worker: opt-in, `-m ray`); the others make sure Ray is never started.
 """
 
+import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,21 +92,48 @@ def test_finetuning_inputs_and_schedule_are_checked_before_ray(
 
 
 def test_a_failed_ray_start_is_one_line_with_a_hint(pretrain_world, tmp_path, monkeypatch, capsys):
+    """A local Ray that does not start is tried once more with a longer wait for its raylet,
+    saying so; then the error is one line with the way to run without Ray."""
     import ray
 
+    tries = []
+
     def timed_out(*args, **kwargs):
+        tries.append(os.environ.get("RAY_raylet_start_wait_time_s"))
         raise Exception("The current node timed out during startup. This could happen because "
                         "some of the raylet failed to startup or the GCS has become overloaded.")
 
     monkeypatch.setattr(ray, "init", timed_out)
+    monkeypatch.delenv("RAY_raylet_start_wait_time_s", raising=False)
     monkeypatch.chdir(pretrain_world.corpus.parent)
     assert pretrain(tmp_path / "run", "--workers", "1") == 2
+    assert tries == [None, "60"]
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "ray: starting a local Ray..."
-    assert err[1].startswith("pipeline: ray error: could not start a local Ray: The current node "
+    assert err[1].startswith("ray: a local Ray did not start (The current node timed out during "
+                             "startup.") and err[1].endswith("trying once more with longer "
+                                                             "start-up timeouts")
+    assert err[2].startswith("pipeline: ray error: could not start a local Ray: The current node "
                              "timed out during startup.")
-    assert err[1].endswith("or run without Ray: --workers 0")
-    assert len(err) == 2
+    assert err[2].endswith("or run without Ray: --workers 0")
+    assert len(err) == 3
+
+
+def test_a_slow_ray_start_says_what_it_waits_for(monkeypatch, capsys, tmp_path):
+    """While Ray starts, a line every WAIT_NOTE seconds: how long, which of its processes are up
+    (by their log files) and which it waits for."""
+    from pipeline.common import ray_session
+
+    (tmp_path / "gcs_server.out").write_text("")
+    assert ray_session.started_processes(tmp_path) == ["GCS"]
+    monkeypatch.setattr(ray_session, "started_processes", lambda: ["GCS"])
+    with ray_session._noting_the_wait("a local Ray", 0.05):
+        time.sleep(0.18)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) >= 2, lines
+    for line in lines:
+        assert re.fullmatch(r"ray: still starting a local Ray \(\d+ s\): up: GCS; waiting for: "
+                            r"raylet, dashboard agent", line), line
 
 
 @pytest.mark.ray

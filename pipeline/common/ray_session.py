@@ -2,7 +2,10 @@
 
 Ray is imported only here and in the engines that call it, so the rest of the project (and the
 libraries) work without Ray installed. The session says on stderr what it starts and how long
-that took (a local Ray: about 10 s on an idle machine, far longer on a loaded one). Ray's own
+that took (a local Ray: about 10 s on an idle machine, far longer on a loaded one), and while it
+waits, every WAIT_NOTE seconds, which of Ray's processes are up. A local Ray that does not start
+is tried once more with longer start-up timeouts (a loaded machine's raylet can miss Ray's
+default wait); then the error is one line with the way to run without Ray. Ray's own
 logs stay in its session directory (/tmp/ray/session_latest/logs) unless `ray_logs` asks for them:
 for a run that works they are noise, e.g. Ray Train's placement group cleaner polls the State API,
 which needs the dashboard we do not start, and prints a traceback when another Ray runs here.
@@ -13,14 +16,51 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 from tqdm import tqdm
 
 
 class RayStartError(RuntimeError):
     """Ray did not start here, or its cluster could not be joined."""
+
+
+WAIT_NOTE = 15.0  # seconds between "still starting" lines
+# The second try's wait for the raylet to register (Ray's default: 10 s), in seconds.
+RETRY_RAYLET_WAIT_S = "60"
+# Ray's processes, by the log file each writes once it runs (in the session's logs folder).
+PROCESSES = (("GCS", "gcs_server.out"), ("raylet", "raylet.out"),
+             ("dashboard agent", "dashboard_agent.log"))
+
+
+def started_processes(logs: Path = Path("/tmp/ray/session_latest/logs")) -> list[str]:
+    """Which of Ray's processes have started here (their log files exist)."""
+    return [name for name, log in PROCESSES if (logs / log).exists()]
+
+
+@contextmanager
+def _noting_the_wait(what: str, every: float):
+    """While the body runs, a line every `every` seconds: how long, and which processes are up."""
+    done = threading.Event()
+    start = time.perf_counter()
+
+    def note() -> None:
+        while not done.wait(every):
+            up = started_processes()
+            missing = [name for name, _ in PROCESSES if name not in up]
+            say(f"still starting {what} ({time.perf_counter() - start:.0f} s): up: "
+                f"{', '.join(up) or 'none yet'}; waiting for: {', '.join(missing) or 'its node'}")
+
+    thread = threading.Thread(target=note, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
 
 
 @contextmanager
@@ -48,17 +88,26 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
     quiet = {} if ray_logs else {
         "logging_level": logging.ERROR, "logging_config": ray.LoggingConfig(log_level="ERROR")
     }
-    try:
-        ray.init(address=address or "local", include_dashboard=False,
-                 log_to_driver=ray_logs or forward is not None, **quiet)
-    except Exception as err:  # Ray raises plain Exceptions, e.g. "node timed out during startup"
-        ray.shutdown()
-        hint = ("check the address and that this machine reaches it" if address else
-                "check free memory and free space in /tmp (Ray's object store and logs)")
-        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise RayStartError(
-            f"could not start {what}: {reason}; {hint}, or run without Ray: {without_ray}"
-        ) from err
+    tries = 1 if address else 2
+    for attempt in range(1, tries + 1):
+        try:
+            with _noting_the_wait(what, WAIT_NOTE):
+                ray.init(address=address or "local", include_dashboard=False,
+                         log_to_driver=ray_logs or forward is not None, **quiet)
+            break
+        except Exception as err:  # Ray raises plain Exceptions: "node timed out during startup"
+            ray.shutdown()
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            if attempt < tries:
+                say(f"{what} did not start ({reason}); trying once more with longer start-up "
+                    "timeouts")
+                os.environ["RAY_raylet_start_wait_time_s"] = RETRY_RAYLET_WAIT_S
+                continue
+            hint = ("check the address and that this machine reaches it" if address else
+                    "check free memory and free space in /tmp (Ray's object store and logs)")
+            raise RayStartError(
+                f"could not start {what}: {reason}; {hint}, or run without Ray: {without_ray}"
+            ) from err
     resources = ray.cluster_resources()
     say(f"{what} is up after {time.perf_counter() - start:.1f} s "
          f"({resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)")
