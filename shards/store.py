@@ -4,10 +4,10 @@ The index maps each key to one contiguous byte span of one shard: from its first
 to the end of its last member's data (the writer puts a sample's members together). It is built
 by scanning tar headers once (data blocks are skipped, not read) and kept in the user's cache
 (`index_path`: plain arrays, no pickle), never in the shard directory, which a reader does not
-write into (an extraction re-run into it resumes); it is rebuilt when the shard files change. A lookup
-is a binary search in a sorted fixed-width byte-string array, then one `os.pread` of the span (for
-shards at a URL, one ranged read: shards.storage); nothing else is held in memory, and `pread`
-keeps reads safe in forked DataLoader workers.
+write into (an extraction re-run into it resumes); it is rebuilt when the shard files change. A
+lookup is a binary search in a sorted fixed-width byte-string array, then one `os.pread` of the
+span (for shards at a URL, one ranged read: shards.storage); nothing else is held in memory, and
+`pread` keeps reads safe in forked DataLoader workers.
 """
 
 from __future__ import annotations

@@ -308,7 +308,8 @@ def test_precision_float32_and_autocast_compute_on_the_module_itself(tokenizer):
 def test_a_config_that_cannot_be_captured_is_refused_before_the_run(pretrain_world):
     """The pretraining and fine-tuning configs check run.cuda_graph with what they know (the
     device only where run.device names it), so that no worker starts on a config that fails."""
-    with pytest.raises(ConfigError, match="run.cuda_graph needs a CUDA device, optim.accumulation 1"):
+    with pytest.raises(ConfigError,
+                       match="run.cuda_graph needs a CUDA device, optim.accumulation 1"):
         tiny_config(pretrain_world, "lxmert", "run.cuda_graph=true", "run.device=cpu",
                     "optim.accumulation=2")
     config = tiny_config(pretrain_world, "lxmert", "run.cuda_graph=true")  # auto: a GPU may come
