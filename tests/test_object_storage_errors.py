@@ -10,6 +10,17 @@ import pytest
 from pipeline.cli import main
 
 
+@pytest.fixture(autouse=True)
+def _fresh_filesystems():
+    """fsspec keeps a filesystem per set of options: one made earlier in the session holds the
+    credentials these tests take away."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
 @pytest.fixture
 def no_credentials(s3_server, monkeypatch, tmp_path):
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):

@@ -36,14 +36,12 @@ def subset_examples(task: str, root: Path, subset: str, *, labelled: bool = Fals
     retrieval.CaptionExample). labelled: the subset must have its answers (training and
     validation): VQA's annotations file is then required, where a test subset has none."""
     if task == "vqa":
+        questions = root / f"v2_OpenEnded_mscoco_{subset}_questions.json"
         annotations = root / f"v2_mscoco_{subset}_annotations.json"
-        if labelled and not annotations.exists():
+        if labelled and questions.exists() and not annotations.exists():
             raise TaskDataError(f"{annotations}: file not found (VQA annotations: training and "
                                 f"validation on {subset} need its answers)")
-        return read_vqa(
-            root / f"v2_OpenEnded_mscoco_{subset}_questions.json",
-            annotations if annotations.exists() else None,
-        )
+        return read_vqa(questions, annotations if annotations.exists() else None)
     if task == "gqa":
         return read_gqa(root / f"{subset}_balanced_questions.json")
     if task == "nlvr2":
