@@ -318,7 +318,8 @@ def checkpoint_step(path: Path) -> int | None:
     """The step a detector training checkpoint was written at, or None when there is none."""
     if not path.is_file():
         return None
-    return int(torch.load(path, map_location="cpu", weights_only=False)["step"])
+    # mmap: the step without reading the weights and optimizer state into memory
+    return int(torch.load(path, map_location="cpu", weights_only=True, mmap=True)["step"])
 
 
 def train_detector(
@@ -338,9 +339,7 @@ def train_detector(
     batches = TrainingBatches(images, cfg)
     log, window, start = [], {name: 0.0 for name in LOSS_NAMES}, 0
     if resume and checkpoint is not None and checkpoint.is_file():
-        # Our own file, written by this function: numpy's generator state needs more than
-        # weights_only allows.
-        state = torch.load(checkpoint, map_location=device, weights_only=False)
+        state = torch.load(checkpoint, map_location=device, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         sampler.set_state(state["sampler"])
