@@ -22,9 +22,8 @@ from pipeline.corpus.config import CorpusConfig
 from pipeline.corpus.stats import format_table
 from pipeline.extract.config import resolve_job
 from pipeline.extract.job import extract_dataset
-from pipeline.extract.output import folder_totals, format_summary
+from pipeline.extract.output import format_summary
 from pipeline.world.generate import WorldConfig, generate_world
-from shards.storage import as_path
 from shards.verify import verify_shards
 
 
@@ -91,7 +90,7 @@ def extract(world: Path, dataset: str, out: Path, extraction: Extraction, *,
     given = load_given_boxes(str(given_boxes)) if given_boxes else None
     tally = extract_dataset(job, reader or dataset, str(world / dataset), out,
                             weights=str(weights), given_boxes=given, show_progress=progress)
-    print(format_summary(tally, out, folder_totals(as_path(out))))
+    print(format_summary(tally, out))
     if verify:
         problems = verify_shards(out)
         if problems:

@@ -113,7 +113,7 @@ def chosen_weights(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from pipeline.extract.config import load_given_boxes, resolve_job
     from pipeline.extract.job import extract_dataset
-    from pipeline.extract.output import check_output_dir, folder_totals, format_summary
+    from pipeline.extract.output import check_output_dir, format_summary
 
     weights = chosen_weights(args)
     job = resolve_job(
@@ -127,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
         job, args.dataset, args.root, args.out, weights, given, address=args.address
     )
     # The folder's totals, every run's: --strict fails a re-run of a run that had failures.
-    totals = folder_totals(as_path(args.out))
-    print(format_summary(tally, as_path(args.out), totals))
+    totals = tally.folder
+    print(format_summary(tally, as_path(args.out)))
     if totals.failures:
         print(f"  each image's outcome and error is in its shard's *_status.json under {args.out}")
     if totals.failures and not totals.ok:

@@ -109,7 +109,8 @@ def extract_refs(
                 RayEngine(job, weights, detector, given_boxes, address).run(units, sink)
             write_manifest(out_dir)
             tally.wall_seconds = time.perf_counter() - start
-            log.write(format_summary(tally, out_dir, folder_totals(out_dir)))
+            tally.folder = folder_totals(out_dir)
+            log.write(format_summary(tally, out_dir))
         except BaseException as err:
             sink.abort()
             log.write(f"=== stopped by {type(err).__name__}: {err}")

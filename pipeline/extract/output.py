@@ -171,7 +171,8 @@ class Tally:
     boxes: boxes per written sample. seconds: summed seconds per stage (decode, preprocess, the
     Extractor's STAGES, write). timeline: (time.perf_counter(), images extracted, images failed)
     as each unit was written. warmup_seconds: `seconds` once the first unit was written (the
-    benchmark leaves the warm-up batch out of its stage times).
+    benchmark leaves the warm-up batch out of its stage times). folder: the output folder's
+    totals once the run is done (every run's: `folder_totals`).
     """
 
     ok: int = 0
@@ -184,6 +185,7 @@ class Tally:
     wall_seconds: float = 0.0
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
     warmup_seconds: Counter = field(default_factory=Counter)
+    folder: FolderTotals | None = None
 
 
 class ShardSink:
@@ -309,9 +311,10 @@ def folder_totals(out_dir: Location) -> FolderTotals:
     return FolderTotals(ok, failed)
 
 
-def format_summary(tally: Tally, out_dir: Location, totals: FolderTotals) -> str:
-    """The folder's images ok / failed by reason (every run's: `totals`), then this run's part
-    when it resumed, its boxes per image, throughput and wall time."""
+def format_summary(tally: Tally, out_dir: Location) -> str:
+    """The folder's images ok / failed by reason (every run's: `tally.folder`), then this run's
+    part when it resumed, its boxes per image, throughput and wall time."""
+    totals = tally.folder
     lines = [f"shards in {out_dir}"]
     if tally.skipped_shards:
         lines.append(
