@@ -94,12 +94,11 @@ class TrainStep:
         """The first group's learning rate at optimizer step `step` (0-based)."""
         return self.base_lrs[0] * self.factor(step)
 
-    def set_lr(self, step: int) -> float:
-        """Fill every group's learning rate for optimizer step `step`; returns the first's."""
+    def set_lr(self, step: int) -> None:
+        """Fill every group's learning rate for optimizer step `step`."""
         factor = self.factor(step)
         for lr, base in zip(self._lrs, self.base_lrs):
             lr.fill_(base * factor)
-        return self.base_lrs[0] * factor
 
     # --- forward, backward, update --------------------------------------------------------------
 
