@@ -63,12 +63,12 @@ def run(args: argparse.Namespace) -> int:
     if found is not None and not args.resume:
         raise ConfigError(f"--out {out} holds the checkpoint of an earlier run (step {found}): "
                           "add --resume to continue it, or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
     train, held_out = load_visual_genome(Path(args.data), cfg.scored_attributes)
     if not train or not held_out:
         raise ConfigError(
             f"{args.data}: {len(train)} training and {len(held_out)} held-out images; need both"
         )
+    out.mkdir(parents=True, exist_ok=True)  # after the data's checks: a refused run leaves none
     print(f"{len(train)} training images, {len(held_out)} held out (COCO val2014), on {device}")
     (out / "train_config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
