@@ -1,7 +1,8 @@
 """Heads scored as grounding classifiers (pipeline/analyze/grounding.py) on hand-built attention
 maps: a head that always attends to the right region scores 100%, one that attends to the most
-confident detection equals the baseline, IoU exactly 0.5 counts, padded regions are never chosen,
-ties go to the first region, and a phrase's row is pooled from its wordpieces as stated."""
+confident detection equals the baseline, IoU exactly 0.5 counts, padded regions are never chosen
+nor counted in a head's image share, ties go to the first region, and a phrase's row is pooled
+from its wordpieces as stated."""
 
 from __future__ import annotations
 
@@ -75,21 +76,28 @@ def test_the_right_head_scores_100_and_the_confident_head_equals_the_baseline():
     assert report["image_share"] == [[0.7, 0.7, 0.7]]
 
 
-def test_a_padded_region_is_never_chosen_and_inactive_heads_are_flagged():
-    T, N = 3, 3
-    maps = torch.zeros(1, 1, 2, T, N)
-    maps[0, 0, 0, :, 2] = 0.9  # head 0 looks at the padded third slot most
-    maps[0, 0, 0, :, 1] = 0.05
-    maps[0, 0, 1, :, 0] = 0.1  # head 1 gives the image only 10%
-    batch = cases([[False, True, False]], [0], real=[2])
+def test_padded_regions_are_never_chosen_and_their_attention_is_no_image_share():
+    # Two real regions (r1 the target) and two padded slots that the maps give attention to, as a
+    # model masking with a finite bias would; the share counts the real regions' attention only.
+    T, N = 3, 4
+    maps = torch.zeros(1, 1, 3, T, N)
+    maps[0, 0, 0, :, 3] = 0.6  # head 0: most on a padded slot, 0.1 on r1 -> r1, share 0.1
+    maps[0, 0, 0, :, 1] = 0.1
+    maps[0, 0, 1, :, 2] = 0.5  # head 1: 0.5 on a padded slot, 0.25 on r0 -> r0, share 0.25
+    maps[0, 0, 1, :, 0] = 0.25
+    maps[0, 0, 2, :, 2:] = 0.45  # head 2: only the padding -> r0 (a tie of zeros), share 0
+    batch = cases([[False, True, False, False]], [0], real=[2])
     choice, share = head_choices(maps, batch)
-    assert choice[0, 0, 0].tolist() == [1, 0]
-    tally = HeadTally(("1",), 2)
+    assert choice[0, 0, 0].tolist() == [1, 0, 0]
+    assert share[0, 0, 0].tolist() == pytest.approx([0.1, 0.25, 0.0])
+    tally = HeadTally(("1",), 3)
     score_batch(tally, maps, batch)
     report = group_report(("1",), tally.groups["entity"])
-    assert report["accuracy"] == [[100.0, 0.0]]
-    assert report["active"] == [[True, False]]
-    assert report["best_active"]["head"] == 1
+    assert report["accuracy"] == [[100.0, 0.0, 0.0]]
+    assert report["image_share"] == [[0.1, 0.25, 0.0]]  # with the padding: 0.7, 0.75, 0.9
+    assert report["active"] == [[False, True, False]]
+    assert report["best"]["head"] == 1 and not report["best"]["active"]
+    assert report["best_active"] == {"layer": "1", "head": 2, "accuracy": 0.0, "active": True}
 
 
 def test_a_phrase_row_is_the_mean_over_words_of_the_mean_over_pieces():

@@ -95,12 +95,15 @@ class BatchCases:
 
 def head_choices(maps: torch.Tensor, cases: BatchCases) -> tuple[torch.Tensor, torch.Tensor]:
     """(choice (B, C, L, heads) long, share (B, C, L, heads) float) of each head for each case:
-    the region it attends to most and the share of its attention that goes to the regions.
+    the region it attends to most and the share of its attention that goes to the real regions.
     maps: (B, L, heads, T, N) text -> region attention (attention.py)."""
     pooled = torch.einsum("blhtn,bct->bclhn", maps.float(), cases.weights.float())
-    share = pooled.sum(-1)
-    pooled = pooled.masked_fill(~cases.region_mask[:, None, None, None, :], float("-inf"))
-    return pooled.argmax(-1), share
+    padding = ~cases.region_mask[:, None, None, None, :]  # (B, 1, 1, 1, N)
+    # Padded slots are no part of the image: whatever attention the maps give them (a model that
+    # masks with a finite bias, or one run without region_mask) is neither the image's share nor
+    # a choice. Masked after pooling, which mixes text positions only, never regions.
+    share = pooled.masked_fill(padding, 0.0).sum(-1)
+    return pooled.masked_fill(padding, float("-inf")).argmax(-1), share
 
 
 def score_batch(tally: HeadTally, maps: torch.Tensor, cases: BatchCases) -> torch.Tensor:
