@@ -1,7 +1,8 @@
 """The objectives and streams of VCR (pipeline/finetune/vcr.py), RefCOCO+ (refcoco.py) and
 Flickr30K retrieval (retrieval.py, distractors.py) on hand-built rows: texts and segments, the
 leaderboard file's round trip, IoU targets and the loss on them, distractors that are what they
-claim and drawn again identically, the score matrix's order, and the zero-shot score."""
+claim and drawn again identically, the score matrix's order (each image collated once, the same
+scores as pair by pair), and the zero-shot score."""
 
 from __future__ import annotations
 
@@ -245,6 +246,71 @@ def test_the_score_matrix_puts_each_pair_where_it_belongs(tokenizer):
     marks = score_matrix(image_marked, task, examples, keys, samples, batch_size=5)
     first = [float(samples[k].arrays["features"][0, 0]) for k in keys]
     assert marks == pytest.approx(np.array([first] * len(examples)), abs=1e-3)
+
+
+@pytest.mark.parametrize("static_shapes", [False, True])
+def test_the_score_matrix_collates_each_image_once_and_scores_as_pair_by_pair(
+        tokenizer, static_shapes, monkeypatch):
+    from collections import Counter
+
+    import pipeline.finetune.objective as objective
+    from model.lxmert import LxmertConfig, LxmertForPreTraining
+
+    torch.manual_seed(0)
+    config = dataclasses.replace(LxmertConfig.tiny(), vocab_size=tokenizer.vocab_size)
+    scorer = pretrained_scorer(LxmertForPreTraining(config).eval())
+    rng = np.random.default_rng(6)
+    # Region counts that make batches of different widths: more than max_boxes (cut), some, none.
+    samples = {}
+    for i, boxes in enumerate([9, 7, 0, 2, 4]):
+        sample = fake_sample(rng, i, boxes)
+        sample.arrays["features"] = rng.random((boxes, config.visual_feat_dim)).astype(np.float16)
+        samples[f"flickr30k-{i}"] = dataclasses.replace(sample, key=f"flickr30k-{i}")
+    keys = list(samples)
+    captions = [CaptionExample("flickr30k", str(c), (keys[c % 5],), text, c % 5)
+                for c, text in enumerate(["a red ball", "two boxes on a long table", "a dog",
+                                          "people walk along the beach", "sky"])]
+    task = RetrievalTask(tokenizer, max_text_length=12, max_boxes=6, static_shapes=static_shapes)
+    batch_size = 2  # 25 pairs: 13 batches, each padded to its own most regions
+
+    # The reference: each batch's pairs collated as pairs, as scoring did before the gallery.
+    seen = []
+    reference = np.zeros((5, 5), dtype=np.float32)
+    for start in range(0, 25, batch_size):
+        pairs = range(start, min(start + batch_size, 25))
+        inputs = task.pair_inputs([captions[p // 5].sentence for p in pairs],
+                                  [samples[keys[p % 5]] for p in pairs])
+        seen.append(inputs)
+        with torch.no_grad():
+            reference.flat[start:start + len(pairs)] = scorer(**inputs).numpy()
+
+    collated = Counter()
+    collate = objective.collate_regions
+
+    def counting_collate(images, **options):
+        collated.update(image.key for image in images)
+        return collate(images, **options)
+
+    fed = []
+
+    def recording_scorer(**inputs):
+        fed.append(inputs)
+        return scorer(**inputs)
+
+    monkeypatch.setattr(objective, "collate_regions", counting_collate)
+    matrix = score_matrix(recording_scorer, task, captions, keys, samples, batch_size=batch_size)
+    assert collated == Counter(keys)  # each image once, not once per caption (5 times)
+    assert np.array_equal(matrix, reference)
+    assert len(fed) == len(seen) == 13
+    for new, old in zip(fed, seen):  # the very same tensors, padding width included
+        assert new.keys() == old.keys()
+        for name in old:
+            assert (new[name] is None and old[name] is None) or torch.equal(new[name], old[name])
+    # Batches of images (0, 1), (2, 3), (4, 0), (1, 2), (3, 4), ... and lastly (4,).
+    widths = [inputs["features"].shape[1] for inputs in seen]
+    assert widths == ([6] * 13 if static_shapes else [6, 2, 6, 6, 4] * 2 + [6, 2, 4])
+    unmasked = [inputs["region_mask"] is None for inputs in seen]  # (0, 1): every region real
+    assert unmasked == [static_shapes and b % 5 == 0 for b in range(13)]
 
 
 def test_the_zero_shot_score_is_the_matching_heads_log_odds(tokenizer):
