@@ -1,7 +1,8 @@
 """Flickr30K retrieval metrics (pipeline/evaluate/flickr30k.py) on hand-built score matrices:
 ranks both ways (an image ranks by the best of its captions), ties counted against the true
-item, R@k, median and mean rank; parity with SCAN's loops where there are no ties; 5,000 x
-1,000 in well under a second; the files' errors; `pipeline evaluate flickr30k` end to end."""
+item, R@k, median and mean rank, a warning where the gallery is too small for R@k; parity with
+SCAN's loops where there are no ties; 5,000 x 1,000 in well under a second; the files' errors;
+`pipeline evaluate flickr30k` end to end."""
 
 from __future__ import annotations
 
@@ -74,6 +75,32 @@ def test_recalls_median_and_mean_rank_by_hand():
     assert t2i.as_dict() == {"r1": 8.33, "r5": 41.67, "r10": 83.33, "medr": 6.0, "meanr": 6.5}
     # an image's column is constant (every caption scores it the same): all tie, all worst
     np.testing.assert_array_equal(image_ranks(scores, np.arange(n)), [n] * n)
+
+
+def test_a_gallery_too_small_for_r_at_k_is_warned_of_naming_its_sizes():
+    # 3 images of 2 captions: a caption's image ranks <= 3, an image's best caption <= 6 - 2 + 1.
+    assert retrieval_scores(SCORES, CAPTION_IMAGE).warnings == (
+        "gallery too small for caption->image R@5, R@10: only 3 images, so every caption's image "
+        "ranks <= 3; they are 100% whatever the scores",
+        "gallery too small for image->caption R@5, R@10: 6 captions of 3 images, so every "
+        "image's best caption ranks <= 5 (only other images' captions count against it); they "
+        "are 100% whatever the scores",
+    )
+    # 14 captions, more than 10, yet image 1 (5 captions) has only image 0's 9 against its best:
+    # the worst scores for it rank it 10th, and R@10 is still 100%.
+    caption_image = np.array([0] * 9 + [1] * 5)
+    # Image 0's captions score 1 with both images, image 1's 0: first in every column.
+    worst = np.repeat(np.where(caption_image == 0, 1.0, 0.0)[:, None], 2, axis=1)  # (14, 2)
+    scores = retrieval_scores(worst, caption_image)
+    assert image_ranks(worst, caption_image).tolist() == [1, 10]
+    assert scores.image_to_caption.r10 == 100.0 and scores.image_to_caption.r5 == 50.0
+    assert scores.warnings[1] == (
+        "gallery too small for image->caption R@10: 14 captions of 2 images, so every image's "
+        "best caption ranks <= 10 (only other images' captions count against it); it is 100% "
+        "whatever the scores"
+    )
+    # 11 images of one caption each: a rank of 11 is possible both ways, nothing to warn of.
+    assert retrieval_scores(np.eye(11), np.arange(11)).warnings == ()
 
 
 def test_ties_rank_against_the_true_item():
@@ -249,8 +276,16 @@ def test_evaluate_flickr30k_cli(tmp_path, capsys):
     assert metrics["caption_to_image"]["r1"] == 83.33
     assert metrics["image_to_caption"] == {"r1": 100.0, "r5": 100.0, "r10": 100.0, "medr": 1.0,
                                            "meanr": 1.0}
-    printed = capsys.readouterr().out
-    assert "6 captions, 3 images" in printed and "caption->image R@1 (%)" in printed
+    printed = capsys.readouterr()
+    assert "6 captions, 3 images" in printed.out and "caption->image R@1 (%)" in printed.out
+    # 3 test images of 2 captions: R@5 and R@10 mean nothing either way (the gallery test above)
+    warnings = [line.removeprefix("pipeline evaluate: warning: ")
+                for line in printed.err.splitlines() if "warning" in line]
+    assert warnings == metrics["warnings"] == list(
+        evaluate_flickr30k(predictions, karpathy).warnings)
+    assert [w.split(":")[0] for w in warnings] == [
+        "gallery too small for caption->image R@5, R@10",
+        "gallery too small for image->caption R@5, R@10"]
 
     assert main([*argv, "--split", "train"]) == 2
     err = capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from pipeline.evaluate.flickr30k import evaluate_flickr30k
@@ -44,7 +45,9 @@ evaluation script does (pipeline/evaluate/<benchmark>.py says how, and where it 
          Flickr30K retrieval, caption->image and image->caption: R@1, R@5, R@10, median and
          mean rank (tied scores rank against the true item). --predictions: an .npz with
          scores (captions x images), sentids and imgids (our format); --annotations:
-         Karpathy's dataset_flickr30k.json; --split: default test.
+         Karpathy's dataset_flickr30k.json; --split: default test. A split too small for
+         R@k (no rank can exceed k, e.g. 10 or fewer images) gets a warning, also in --json's
+         "warnings".
 
 Accuracies and recalls are percentages; ranks start at 1. The predictions must answer every
 question (expression, caption, image) of the annotations; an error names the file at fault and
@@ -164,7 +167,7 @@ def _flickr30k(args: argparse.Namespace) -> tuple[dict, str]:
                  (f"{direction} R@10 (%)", ranks.r10), (f"{direction} median rank", ranks.medr),
                  (f"{direction} mean rank", ranks.meanr)]
     title = f"Flickr30K {split} retrieval, {scores.captions} captions, {scores.images} images"
-    return scores.as_dict(), _table(title, rows)
+    return {**scores.as_dict(), "warnings": list(scores.warnings)}, _table(title, rows)
 
 
 def _held_out(corpus: str) -> set[str]:
@@ -203,6 +206,8 @@ def run(args: argparse.Namespace) -> int:
         )
     metrics, table = HANDLERS[args.benchmark](args)
     print(table)
+    for warning in metrics.get("warnings", []):
+        print(f"pipeline evaluate: warning: {warning}", file=sys.stderr)
     if args.json:
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

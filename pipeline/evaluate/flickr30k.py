@@ -11,6 +11,10 @@ image only, computed as SCAN's `t2i`. On the Karpathy test split: 1,000 images, 
 - R@k = the percentage of queries with rank <= k; medr = floor(median rank) (SCAN's
   `np.floor(np.median(ranks)) + 1` on 0-based ranks); meanr = mean rank. Percentages and the
   mean rank are rounded to 2 decimals, medr is a whole number.
+- A gallery too small for R@k: when no rank can exceed k, R@k is 100% whatever the scores. A
+  caption's rank is at most I; an image's at most 1 + C - n, n its own captions (the image with
+  the fewest sets the bound). Such recalls are kept, with a warning naming the sizes
+  (RetrievalScores.warnings; `pipeline evaluate` prints them and writes them in --json).
 
 Ties (our rule; the references rank with np.argsort, whose order among equal scores is an
 accident of the sort): pessimistic. An item scoring the same as the true one counts as ranked
@@ -84,6 +88,7 @@ class RetrievalScores:
     image_to_caption: RankScores
     captions: int
     images: int
+    warnings: tuple[str, ...] = ()  # the recalls a gallery too small makes 100% (docstring)
 
     def as_dict(self) -> dict:
         return {"caption_to_image": self.caption_to_image.as_dict(),
@@ -151,7 +156,29 @@ def retrieval_scores(scores: np.ndarray, caption_image: np.ndarray) -> Retrieval
         caption_to_image=_rank_scores(caption_ranks(scores, caption_image)),
         image_to_caption=_rank_scores(image_ranks(scores, caption_image)),
         captions=scores.shape[0], images=scores.shape[1],
+        warnings=_small_gallery(caption_image, scores.shape[1]),
     )
+
+
+def _small_gallery(caption_image: np.ndarray, images: int) -> tuple[str, ...]:
+    """A warning for each direction whose worst possible rank is <= some k of RECALL_AT."""
+    captions = len(caption_image)
+    # An image's own other captions never count against it: its worst rank is 1 + the other
+    # images' captions, the most for the image with the fewest captions.
+    worst_image_rank = captions - int(np.bincount(caption_image, minlength=images).min()) + 1
+    out = []
+    for direction, worst, sizes in (
+        ("caption->image", images, f"only {images} images, so every caption's image ranks "
+                                   f"<= {images}"),
+        ("image->caption", worst_image_rank,
+         f"{captions} captions of {images} images, so every image's best caption ranks <= "
+         f"{worst_image_rank} (only other images' captions count against it)"),
+    ):
+        trivial = [f"R@{k}" for k in RECALL_AT if worst <= k]
+        if trivial:
+            out.append(f"gallery too small for {direction} {', '.join(trivial)}: {sizes}; "
+                       f"{'they are' if len(trivial) > 1 else 'it is'} 100% whatever the scores")
+    return tuple(out)
 
 
 # --- the files ----------------------------------------------------------------------------------
