@@ -10,7 +10,9 @@ from PIL import Image, ImageDraw
 from extractor.labels import attribute_names, object_names
 from extractor.preprocess import decode_image
 from pipeline.cli import main
-from pipeline.extract.show import box_colors, draw_regions, region_labels, select_regions
+from pipeline.extract.show import (
+    box_colors, draw_regions, place_labels, region_labels, select_regions,
+)
 from shards.reader import iter_samples
 from shards.schema import build_sample
 from shards.writer import ShardWriter
@@ -102,6 +104,68 @@ def test_draw_regions_outlines_box_pixels_and_keeps_labels_inside():
     # The corner box's label does not fit right of x=70: it is shifted left to stay visible.
     assert (pixels[:80, :70] == box_colors(2)[1]).all(-1).any()
     assert len(set(box_colors(36))) == 36
+
+
+def assert_inside_and_apart(rects, image_size):
+    width, height = image_size
+    for x1, y1, x2, y2 in rects:
+        assert 0 <= x1 < x2 <= width and 0 <= y1 < y2 <= height, (x1, y1, x2, y2)
+    for i, a in enumerate(rects):
+        for b in rects[i + 1:]:
+            apart = a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+            assert apart, (a, b)
+
+
+def test_labels_at_the_borders_stay_inside_the_image():
+    boxes = [[0, 0, 60, 40],      # top left corner: no room above, so just inside the top edge
+             [150, 50, 200, 90],  # right edge: the label is wider than the room right of x1
+             [20, 100, 90, 120],  # bottom edge: above the box as usual
+             [170, 105, 200, 120],  # bottom right corner, under a label placed before
+             [-30, -20, 250, 150]]  # larger than the image
+    sizes = [(70, 14)] * 5
+    rects = place_labels(np.float32(boxes), sizes, (200, 120))
+    assert rects[:3] == [(0, 0, 70, 14), (130, 36, 200, 50), (20, 86, 90, 100)]
+    assert None not in rects
+    assert [(x2 - x1, y2 - y1) for x1, y1, x2, y2 in rects] == sizes
+    assert_inside_and_apart(rects, (200, 120))
+
+
+def test_coincident_boxes_get_labels_that_do_not_overlap():
+    box = [60, 40, 100, 80]
+    rects = place_labels(np.float32([box] * 4), [(70, 14)] * 4, (200, 120))
+    # The first where it wants to be, the next just below it (inside the box), then the nearest
+    # free places: above the first, then below the second.
+    assert rects == [(60, 26, 130, 40), (60, 40, 130, 54), (60, 12, 130, 26), (60, 54, 130, 68)]
+
+
+def test_labels_larger_than_the_image_are_cut_and_no_room_leaves_a_label_out():
+    assert place_labels(np.float32([[5, 5, 10, 10]]), [(300, 50)], (200, 30)) == [(0, 0, 200, 30)]
+    rects = place_labels(np.float32([[0, 0, 20, 20]] * 3), [(20, 10)] * 3, (20, 20))
+    assert rects == [(0, 0, 20, 10), (0, 10, 20, 20), None]
+
+
+def test_many_labels_in_a_crowded_image_never_overlap():
+    rng = np.random.default_rng(0)
+    corners = rng.integers(-10, 190, size=(36, 2))
+    boxes = np.concatenate([corners, corners + rng.integers(5, 80, size=(36, 2))], axis=1)
+    sizes = [(int(w), 12) for w in rng.integers(30, 90, size=36)]
+    rects = place_labels(boxes, sizes, (200, 150))
+    placed = [r for r in rects if r is not None]
+    assert len(placed) >= 25  # 36 labels of ~60 x 12 fill 86% of 200 x 150: most fit
+    assert_inside_and_apart(placed, (200, 150))
+
+
+def test_drawn_labels_of_coincident_boxes_are_both_visible():
+    image = Image.new("RGB", (100, 100), BACKGROUND)
+    drawn = np.asarray(draw_regions(image, np.float32([[20, 40, 80, 90]] * 2),
+                                    ["red ball 0.90", "blue ball 0.50"]))
+    first, second = box_colors(2)
+    # Rows where a label's background spans the columns just right of the box's left edge.
+    first_rows = np.flatnonzero((drawn[:, 21:50] == first).all(-1).all(-1))
+    second_rows = np.flatnonzero((drawn[:, 21:50] == second).all(-1).all(-1))
+    assert len(first_rows) and first_rows.max() < 40  # above the box
+    # Inside the box, between its top and bottom outlines (rows 40 and 89, the second colour).
+    assert ((second_rows > 40) & (second_rows < 89)).any()
 
 
 def test_labels_and_selection(photos, tmp_path):

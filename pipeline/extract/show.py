@@ -27,6 +27,7 @@ from shards.schema import Sample, SchemaError, split_key
 from shards.store import FeatureStore
 
 RGB = tuple[int, int, int]
+Rect = tuple[int, int, int, int]  # x1 y1 x2 y2 in pixels, x2 and y2 exclusive
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,10 @@ def draw_regions(image: Image.Image, boxes_xyxy_abs: np.ndarray, labels: list[st
 
     boxes_xyxy_abs: (N, 4) x1 y1 x2 y2 in pixels of `image`; a box covers columns x1..x2-1 and
     rows y1..y2-1, and its outline is drawn on those border pixels. labels: N strings. Box k gets
-    box_colors(N)[k]. Labels are drawn after all boxes, last to first, so label 0 ends on top:
-    pass the most important box first. A label sits on a filled background of its box's colour,
-    above the box where there is room, else just inside its top edge, shifted to lie in the image.
-    Line width and font size grow with the image.
+    box_colors(N)[k]. A label sits on a filled background of its box's colour, placed by
+    place_labels: inside the image and clear of the other labels, so pass the most important box
+    first (its label gets its preferred place). Labels are drawn after all boxes, over their
+    outlines. Line width and font size grow with the image.
     """
     boxes = np.asarray(boxes_xyxy_abs, dtype=np.float64).reshape(-1, 4)
     if len(boxes) != len(labels):
@@ -74,32 +75,77 @@ def draw_regions(image: Image.Image, boxes_xyxy_abs: np.ndarray, labels: list[st
     colors = box_colors(len(boxes))
     for (x1, y1, x2, y2), color in zip(np.rint(boxes).astype(int).tolist(), colors):
         draw.rectangle((x1, y1, max(x1, x2 - 1), max(y1, y2 - 1)), outline=color, width=line_width)
-    for k in reversed(range(len(boxes))):
-        _draw_label(draw, out.size, labels[k], boxes[k], colors[k], font)
+    text_boxes = [draw.textbbox((0, 0), text, font=font) for text in labels]
+    pads = [max(1, (bottom - top) // 5) for _, top, _, bottom in text_boxes]
+    sizes = [(right - left + 2 * pad, bottom - top + 2 * pad)
+             for (left, top, right, bottom), pad in zip(text_boxes, pads)]
+    rects = place_labels(boxes, sizes, out.size)
+    for text, (left, top, _, _), pad, rect, color in zip(labels, text_boxes, pads, rects, colors):
+        if rect is None:
+            continue
+        x1, y1, x2, y2 = rect
+        draw.rectangle((x1, y1, x2 - 1, y2 - 1), fill=color)
+        # Dark text on light colours, white on dark, by the colour's luma.
+        luma = 0.299 * color[0] + 0.587 * color[1] + 0.114 * color[2]
+        ink = (0, 0, 0) if luma >= 128 else (255, 255, 255)
+        draw.text((x1 + pad - left, y1 + pad - top), text, fill=ink, font=font)
     return out
 
 
-def _draw_label(
-    draw: ImageDraw.ImageDraw,
-    image_size: tuple[int, int],
-    text: str,
-    box: np.ndarray,
-    color: RGB,
-    font: ImageFont.FreeTypeFont,
-) -> None:
+def place_labels(
+    boxes_xyxy_abs: np.ndarray, sizes: list[tuple[int, int]], image_size: tuple[int, int]
+) -> list[Rect | None]:
+    """Where each box's label goes: a Rect, or None.
+
+    boxes_xyxy_abs: (N, 4) in pixels; sizes: N (width, height) of the labels; image_size:
+    (width, height). Labels are placed in order, the first where it prefers: on the box's top
+    left corner, just above the box where there is room, else just inside its top edge (a box at
+    the top border), shifted left or up to end inside the image. A label whose preferred place
+    overlaps one placed earlier goes to the nearest free place, moving sideways costing twice
+    as much as moving up or down (the label should stay beside its box's top edge). Every
+    rectangle lies inside the image and no two overlap; a label larger than the image is cut to
+    it, and one that finds no free place at all (labels already cover the image) is None.
+    """
     width, height = image_size
-    left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
-    pad = max(1, (bottom - top) // 5)
-    label_w, label_h = right - left + 2 * pad, bottom - top + 2 * pad
-    x, y = round(box[0]), round(box[1])
-    if y >= label_h:
-        y -= label_h
-    x = min(max(x, 0), max(width - label_w, 0))
-    y = min(max(y, 0), max(height - label_h, 0))
-    draw.rectangle((x, y, x + label_w - 1, y + label_h - 1), fill=color)
-    # Dark text on light colours, white on dark, by the colour's luma.
-    ink = (0, 0, 0) if 0.299 * color[0] + 0.587 * color[1] + 0.114 * color[2] >= 128 else (255,) * 3
-    draw.text((x + pad - left, y + pad - top), text, fill=ink, font=font)
+    placed: list[Rect] = []
+    rects: list[Rect | None] = []
+    for (x1, y1, _, _), (label_w, label_h) in zip(np.rint(boxes_xyxy_abs).astype(int).tolist(),
+                                                  sizes):
+        label_w, label_h = min(label_w, width), min(label_h, height)
+        want_x = min(max(x1, 0), width - label_w)
+        want_y = min(max(y1 - label_h if y1 >= label_h else y1, 0), height - label_h)
+        rect = _nearest_free(want_x, want_y, label_w, label_h, placed, image_size)
+        if rect is not None:
+            placed.append(rect)
+        rects.append(rect)
+    return rects
+
+
+def _nearest_free(want_x: int, want_y: int, label_w: int, label_h: int, placed: list[Rect],
+                  image_size: tuple[int, int]) -> Rect | None:
+    """The free place for a label_w x label_h rectangle nearest (want_x, want_y), or None.
+
+    The nearest free place cannot move toward the wanted one along either axis without running
+    into a placed rectangle, so each of its coordinates is the wanted one or puts it against a
+    placed rectangle's edge: searching that grid finds it whenever a free place exists.
+    """
+    width, height = image_size
+    others = np.array(placed, dtype=np.int64).reshape(-1, 4)
+    xs = np.concatenate([[want_x], others[:, 2], others[:, 0] - label_w])
+    ys = np.concatenate([[want_y], others[:, 3], others[:, 1] - label_h])
+    xs = np.unique(xs[(xs >= 0) & (xs <= width - label_w)])
+    ys = np.unique(ys[(ys >= 0) & (ys <= height - label_h)])
+    x, y = (grid.ravel() for grid in np.meshgrid(xs, ys))
+    overlaps = ((x[:, None] < others[:, 2]) & (x[:, None] + label_w > others[:, 0])
+                & (y[:, None] < others[:, 3]) & (y[:, None] + label_h > others[:, 1]))
+    free = ~overlaps.any(axis=1)
+    if not free.any():
+        return None
+    # Down before up at equal distance: below the wanted place is the box's inside or a label
+    # that moved out of the way, above it the box's surroundings.
+    cost = 2 * np.abs(x - want_x) + np.abs(y - want_y) + 0.5 * (y < want_y)
+    best = np.flatnonzero(free)[np.argmin(cost[free])]
+    return int(x[best]), int(y[best]), int(x[best]) + label_w, int(y[best]) + label_h
 
 
 def select_regions(object_conf: np.ndarray, max_boxes: int, min_conf: float) -> np.ndarray:
