@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.train.logs import read_metrics
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 PLOT_NAME = "loss_curves.png"
 HELP = "loss curves of a pretraining or fine-tuning run as a PNG"
@@ -26,22 +30,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Left: the total and per-task training losses (lines) and validation losses (dots) by step.
-    Right: validation accuracies by step. Written to `out` (default RUN_DIR/loss_curves.png)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """Draw loss_figure of RUN_DIR's metrics.jsonl into `out` (default RUN_DIR/loss_curves.png)."""
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
+    if not any(r.get("split", "train") in ("train", "val") for r in records):
+        raise ValueError(f"{run_dir / 'metrics.jsonl'}: no records to plot")
+    target = Path(out) if out is not None else run_dir / PLOT_NAME
+    loss_figure(records, run_dir.name).savefig(target, dpi=110)
+    return target
+
+
+def loss_figure(records: list[dict], title: str) -> Figure:
+    """Left: the total and per-task training losses (lines) and validation losses (dots) by step.
+    Right: validation accuracies by step. Each legend stands right of its axes, outside them: a
+    run has up to a dozen curves, and a legend inside would hide some of them wherever it went.
+    """
+    # A Figure without pyplot: no global figure to close, and no GUI backend to choose.
+    from matplotlib.figure import Figure
+
     train = [r for r in records if r.get("split", "train") == "train"]
     val = [r for r in records if r.get("split") == "val"]
-    if not train and not val:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'}: no records to plot")
     losses = sorted({k for r in records for k in r if k == "loss" or k.startswith("loss_")})
     accuracies = sorted({k for r in val for k in r if k.endswith("_acc")})
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 4.5))
+    # Constrained layout makes room for the legends beside the axes.
+    fig = Figure(figsize=(13, 4.5), layout="constrained")
+    ax_loss, ax_acc = fig.subplots(1, 2)
     for i, name in enumerate(losses):
         color = f"C{i % 10}"
         points = [(r["step"], r[name]) for r in train if name in r]
@@ -50,16 +63,12 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         points = [(r["step"], r[name]) for r in val if name in r]
         if points:
             ax_loss.plot(*zip(*points), "o", color=color, ms=4, label=f"{name} (val)")
-    ax_loss.set(xlabel="step", ylabel="loss", title=f"{run_dir.name}: losses")
-    ax_loss.legend(fontsize=7, ncol=2)
+    ax_loss.set(xlabel="step", ylabel="loss", title=f"{title}: losses")
+    ax_loss.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
     for i, name in enumerate(accuracies):
         points = [(r["step"], r[name]) for r in val if name in r]
         ax_acc.plot(*zip(*points), "o-", color=f"C{i % 10}", label=name)
     ax_acc.set(xlabel="step", ylabel="accuracy", ylim=(0, 1), title="validation accuracies")
     if accuracies:
-        ax_acc.legend(fontsize=8)
-    fig.tight_layout()
-    target = Path(out) if out is not None else run_dir / PLOT_NAME
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
-    return target
+        ax_acc.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)
+    return fig

@@ -1,0 +1,53 @@
+"""`pipeline plot`: every curve of a run drawn, with legends that cover none of them."""
+
+import json
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from PIL import Image
+
+from pipeline.cli import main
+from pipeline.train.plot import loss_figure
+
+TASKS = ("attr", "feat", "itm", "mlm", "obj", "qa")
+
+
+def records():
+    """A pretraining run's metrics.jsonl: eight losses a step, a validation every 100 steps."""
+    rows = []
+    for step in range(0, 401, 20):
+        rows.append({"step": step, "epoch": 0, "lr": 1e-4, "loss": 4 - step / 200,
+                     **{f"loss_{t}": 1 - step / 1000 for t in TASKS}})
+        if step % 100 == 0:
+            rows.append({"step": step, "split": "val", "loss": 4.2 - step / 200,
+                         "loss_mlm": 1.1 - step / 1000, "qa_acc": step / 500,
+                         "itm_acc": 0.5 + step / 1000})
+    return rows
+
+
+def test_legends_stand_outside_every_axes_and_inside_the_figure():
+    fig = loss_figure(records(), "run")
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()  # lays the figure out: the extents below are the drawn ones
+    renderer = canvas.get_renderer()
+    axes = fig.get_axes()
+    data_areas = [ax.get_window_extent(renderer) for ax in axes]
+    labels = []
+    for ax in axes:
+        legend = ax.get_legend()
+        box = legend.get_window_extent(renderer)
+        assert not any(box.overlaps(area) for area in data_areas), (box, data_areas)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1
+        assert fig.bbox.y0 <= box.y0 and box.y1 <= fig.bbox.y1
+        labels.append([text.get_text() for text in legend.get_texts()])
+    assert labels == [
+        ["loss", "loss (val)", *(f"loss_{t}" for t in TASKS[:3]), "loss_mlm", "loss_mlm (val)",
+         *(f"loss_{t}" for t in TASKS[4:])],
+        ["itm_acc", "qa_acc"],
+    ]
+
+
+def test_cli_writes_the_png_into_the_run(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records()))
+    assert main(["plot", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"{tmp_path / 'loss_curves.png'}\n"
+    assert Image.open(tmp_path / "loss_curves.png").size == (1430, 495)  # 13 x 4.5 in at 110 dpi
