@@ -366,6 +366,34 @@ def test_world_json_counts_match_the_files(world):
     assert counts["cc3m"]["urls"] == rows
 
 
+def rendered_scenes(world: Path) -> dict[str, int]:
+    """The scenes a world holds, counted in its files: one image each (COCO's images are copies
+    of Visual Genome's; CC3M's failed downloads are parquet rows without an image)."""
+    return {
+        "COCO / Visual Genome": len(list((world / "vg").rglob("*.jpg"))),
+        "NLVR2": len(list((world / "nlvr2").rglob("*.png"))),
+        "CC3M": sum(pq.read_metadata(p).num_rows for p in (world / "cc3m").glob("*.parquet")),
+        "VCR": len(list((world / "vcr").rglob("*.jpg"))),
+        "Flickr30K": len(list((world / "flickr30k").rglob("*.jpg"))),
+    }
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_progress_bar_counts_every_rendered_scene(tmp_path, monkeypatch):
+    stderr = Terminal()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    generate_world(WorldConfig(images=8, seed=SEED), tmp_path / "w")
+    total = sum(rendered_scenes(tmp_path / "w").values())
+    assert total > 8  # more than --images: the other datasets' scenes count too
+    frames = stderr.getvalue().split("\r")
+    assert f" 0/{total} [" in frames[1] and "?scene/s" in frames[1]  # the bar's first frame
+    assert f" {total}/{total} [" in frames[-1] and "scene/s]" in frames[-1]  # and its last
+
+
 def _hashes(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(root.rglob("*")) if p.is_file()}
@@ -381,6 +409,10 @@ def test_cli_regenerates_identical_bytes_and_refuses_a_used_directory(world, tmp
     assert done.returncode == 0, done.stderr
     assert "CC3M" in done.stdout
     assert _hashes(again) == _hashes(world)
+    # stderr is a pipe, not a terminal: a plain line per dataset, no bar's carriage returns.
+    assert "\r" not in done.stderr
+    assert done.stderr.splitlines() == [f"world: rendering {n} {dataset} scenes"
+                                        for dataset, n in rendered_scenes(again).items()]
 
     assert main(["world", "generate", "--out", str(again)]) == 2
     assert "not an empty directory" in capsys.readouterr().err

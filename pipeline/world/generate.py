@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 import random
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,18 +126,27 @@ REFCOCO_HELD_OUT = {"val": 0.075, "testA": 0.0375, "testB": 0.0375}
 class WorldConfig:
     """What `pipeline world generate` makes; `--images` and `--seed` override the first two.
 
-    images: COCO + Visual Genome scenes. coco_fraction: share of them that are COCO images;
+    images: COCO + Visual Genome scenes (Visual Genome holds them all).
+    seed: every random choice (scenes, texts, splits): the same config and seed write
+    byte-identical files. coco_fraction: share of them that are COCO images;
     coco_val_fraction: share of the COCO images in val2014. vg_100k_2_fraction: share of the
     Visual Genome images stored in VG_100K_2. min_objects / max_objects: objects per scene.
     shapes / colors / materials: the palette objects are drawn from (scene.Palette; default all).
-    *_per_image: questions per image (captions_per_image: COCO and Flickr30K captions).
+    captions_per_image: captions of each COCO image and of each Flickr30K image.
+    vqa_per_image: VQA questions per COCO image (fewer where a scene offers fewer distinct ones).
     vqa_kinds: the only kinds of VQA question asked (language/vqa.py VQA_KINDS, e.g. [material,
     color]); empty: every kind.
+    gqa_per_image: GQA questions per Visual Genome image, at most (a family of entailed
+    questions is asked whole or not at all).
     nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls per COCO/VG scene.
     nlvr2_sentences_per_set: NLVR2 sentences written for each set of four pairs (every one is
     an item with each pair). cc3m_failed_fraction: urls that fail to download (at least one).
+    cc3m_samples_per_shard: CC3M urls per img2dataset shard (.tar, .parquet, _stats.json).
+    jpeg_quality: quality (1..95) of every JPEG written: COCO / Visual Genome, VCR, Flickr30K
+    and CC3M images (NLVR2's are PNG).
     vcr_fraction / flickr30k_fraction: VCR and Flickr30K images per COCO/VG scene (at least
-    SMALLEST_GROUNDED_WORLD each). refs_per_image: the most RefCOCO+ refs on one COCO image.
+    SMALLEST_GROUNDED_WORLD each). vcr_per_image: VCR questions per VCR image, at most.
+    refs_per_image: the most RefCOCO+ refs on one COCO image.
     """
 
     images: int = 600
@@ -506,9 +516,15 @@ def write_nlvr2(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
     return counts
 
 
+def cc3m_url_count(cfg: WorldConfig) -> int:
+    """CC3M urls, each with a scene of its own (rendered even when its download is made to fail:
+    the caption describes it)."""
+    return max(1, round(cfg.images * cfg.cc3m_fraction))
+
+
 def write_cc3m(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
     """Render the CC3M scenes and write img2dataset shards with a few failed downloads."""
-    total = max(1, round(cfg.images * cfg.cc3m_fraction))
+    total = cc3m_url_count(cfg)
     rng = random.Random(f"world-cc3m-{cfg.seed}")
     failed = set(rng.sample(range(total), max(1, round(total * cfg.cc3m_failed_fraction))))
     downloads = []
@@ -556,18 +572,43 @@ def generate_world(cfg: WorldConfig, out: Path, progress: bool = True) -> dict:
     return world
 
 
+def scene_counts(cfg: WorldConfig) -> dict[str, int]:
+    """The scenes rendered for each dataset, in the order they are rendered: what the progress
+    bar counts. COCO's images are Visual Genome scenes (rendered once, stored in both) and
+    RefCOCO+ is on COCO's images, so `images` scenes serve all four; NLVR2, CC3M, VCR and
+    Flickr30K render scenes of their own."""
+    return {
+        "COCO / Visual Genome": cfg.images,
+        "NLVR2": 2 * PAIRS_PER_SET * sum(nlvr2_set_counts(cfg).values()),
+        "CC3M": cc3m_url_count(cfg),
+        "VCR": sum(grounded_split_counts(cfg, cfg.vcr_fraction).values()),
+        "Flickr30K": sum(grounded_split_counts(cfg, cfg.flickr30k_fraction).values()),
+    }
+
+
 def _write_world(cfg: WorldConfig, out: Path, progress: bool) -> dict:
-    plan = plan_images(cfg)
-    nlvr2_scenes = 2 * PAIRS_PER_SET * sum(nlvr2_set_counts(cfg).values())
-    cc3m_scenes = max(1, round(cfg.images * cfg.cc3m_fraction))
-    vcr_scenes = sum(grounded_split_counts(cfg, cfg.vcr_fraction).values())
-    flickr30k_scenes = sum(grounded_split_counts(cfg, cfg.flickr30k_fraction).values())
-    total = len(plan) + nlvr2_scenes + cc3m_scenes + vcr_scenes + flickr30k_scenes
-    with tqdm(total=total, unit="img", disable=not progress, desc="world") as bar:
-        counts = write_coco_vg(cfg, out, plan, bar)
+    scenes = scene_counts(cfg)
+
+    def rendering(dataset: str) -> None:
+        # A plain line per dataset: on a terminal it says what the bar below counts; in a log,
+        # where no bar is drawn, it is the progress.
+        if progress:
+            tqdm.write(f"world: rendering {scenes[dataset]} {dataset} scenes", file=sys.stderr)
+
+    # tqdm redraws its bar with carriage returns, which a log file or pipe keeps as one endless
+    # line: the bar is drawn on a terminal only.
+    on_terminal = progress and sys.stderr.isatty()
+    with tqdm(total=sum(scenes.values()), unit="scene", desc="world",
+              disable=not on_terminal) as bar:
+        rendering("COCO / Visual Genome")
+        counts = write_coco_vg(cfg, out, plan_images(cfg), bar)
+        rendering("NLVR2")
         counts["nlvr2"] = write_nlvr2(cfg, out, bar)
+        rendering("CC3M")
         counts["cc3m"] = write_cc3m(cfg, out, bar)
+        rendering("VCR")
         counts["vcr"] = write_vcr(cfg, out, bar)
+        rendering("Flickr30K")
         counts["flickr30k"] = write_flickr30k(cfg, out, bar)
     world = {
         "generator": "pipeline world generate",
