@@ -2,8 +2,13 @@
 from the raw annotation files, minival held out of everything, keys, CC3M, determinism, the CLI,
 and errors that name the bad file."""
 
+import errno
+import io
 import json
+import os
+import re
 import shutil
+import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -406,3 +411,75 @@ def test_cc3m_sample_whose_parquet_status_is_not_success_is_left_out(world, tmp_
     keys = [r["image"] for r in load_split(tmp_path / "c", "cc3m")]
     assert f"cc3m-{victim['key']}" not in keys
     assert len(keys) == len(list_cc3m(root / "cc3m")) - 1
+
+
+def _annotation_files(world):
+    """Every file the world config names, each read once: the JSON files and the CC3M shards."""
+    return sorted([*(world / "coco" / "annotations").glob("captions_*.json"),
+                   *(world / "vqa").glob("*.json"), *(world / "gqa").glob("*.json"),
+                   *(world / "vg" / name for name in ("image_data.json",
+                                                      "region_descriptions.json",
+                                                      "question_answers.json")),
+                   *(world / "cc3m").glob("*.tar")])
+
+
+def test_progress_in_a_log_is_one_plain_line_per_file_read(world, tmp_path, capsys):
+    code = main(["corpus", "build", "--config", str(WORLD_CONFIG), "--root", str(world),
+                 "--out", str(tmp_path / "c")])
+    err = capsys.readouterr().err  # captured: not a terminal, as a log file or a pipe
+    assert code == 0
+    assert "\r" not in err
+    lines = err.splitlines()
+    read = [re.fullmatch(r"reading (.+) \(\d+\.\d MiB\)", line) for line in lines]
+    assert all(read), lines
+    assert sorted(Path(m.group(1)) for m in read) == _annotation_files(world)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_on_a_terminal_draws_bars(world, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    build_corpus(_config(world), tmp_path / "c", echo=lambda _: None)
+    shown = sys.stderr.getvalue()
+    assert "\r" in shown and "region_descriptions.json:" in shown  # a bar, named by its file
+    assert f"reading {world / 'cc3m' / '00000.tar'} (" in shown
+
+
+def test_an_out_under_a_file_fails_before_reading_anything(world, tmp_path, capsys):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file, not a folder")
+    out = blocker / "corpus"
+    code = main(["corpus", "build", "--config", str(WORLD_CONFIG), "--root", str(world),
+                 "--out", str(out)])
+    assert code == 2
+    # One line: no file was read before it (each read says so on stderr).
+    assert capsys.readouterr().err == (
+        f"pipeline: corpus error: {out}: cannot be made, {blocker} is a file\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_read_only_out_folder_fails_before_reading_anything(world, tmp_path, capsys,
+                                                               monkeypatch):
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.access(folder, os.W_OK):
+        # Root writes into any folder whatever its mode: answer as the kernel answers others.
+        make_dir = os.mkdir
+
+        def refuse_in_folder(path, *args, **kwargs):
+            if Path(path).parent == folder:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+            return make_dir(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "mkdir", refuse_in_folder)
+    out = folder / "corpus"
+    code = main(["corpus", "build", "--config", str(WORLD_CONFIG), "--root", str(world),
+                 "--out", str(out)])
+    assert code == 2
+    assert capsys.readouterr().err == (
+        f"pipeline: corpus error: {out}: cannot write into {folder} (Permission denied)\n")
+    assert list(folder.iterdir()) == []

@@ -9,10 +9,11 @@
     {out}/stats.json      {"splits": {split: {"images", "sentences": {source: n},
                           "images_by_source": {source: n}}}, "answers": n}
 
-Steps: read COCO captions and VQA (they say which COCO images are train2014 / val2014), choose
-minival, place every sentence on its image and split (pipeline/corpus/splits.py), count the
-answers of the training splits, write everything into `.{out}.partial` next to `out` and rename it
-into place last, so an interrupted build leaves no half corpus. Same inputs -> same bytes.
+Steps: make `.{out}.partial` next to `out` (first: an --out that cannot be written fails before
+any reading), read COCO captions and VQA (they say which COCO images are train2014 / val2014),
+choose minival, place every sentence on its image and split (pipeline/corpus/splits.py), count
+the answers of the training splits, write everything into the partial folder and rename it into
+place last, so an interrupted build leaves no half corpus. Same inputs -> same bytes.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def collect(config: CorpusConfig, sources: list[str], *, progress: bool,
             ids, texts = read_vqa(questions_path, annotations_path, progress=progress)
             early.append(("vqa", questions_path, texts))
         else:  # still read: the file says which images are in this COCO subset
-            ids = read_vqa_image_ids(questions_path)
+            ids = read_vqa_image_ids(questions_path, progress=progress)
         placement.add_coco(ids, subset, questions_path)
 
     minival_ids = config.optional_path(config.minival_ids)
@@ -121,7 +122,7 @@ def collect(config: CorpusConfig, sources: list[str], *, progress: bool,
 
     if any(s in sources for s in ("vg", "vgqa", "gqa")) and config.vg.image_data is not None:
         placement.vg_origin = config.path(config.vg.image_data)
-        placement.vg_coco_ids = read_vg_image_data(placement.vg_origin)
+        placement.vg_coco_ids = read_vg_image_data(placement.vg_origin, progress=progress)
     if "vg" in sources:
         path = config.path(config.vg.region_descriptions)
         add("vg", path, read_vg_regions(path, progress=progress))
@@ -211,6 +212,24 @@ def write_corpus(config: CorpusConfig, texts: Texts, sources: list[str], table: 
     return stats
 
 
+def _make_partial(out: Path) -> Path:
+    """The empty `.{out}.partial` beside `out`, which the corpus is written into. Made before any
+    annotation file is read, so an --out that cannot be written fails at once, not after
+    minutes of reading; the error names --out, not this folder the user never chose."""
+    existing = next(p for p in (out.parent, *out.parent.parents) if p.exists())
+    if not existing.is_dir():
+        raise CorpusError(f"{out}: cannot be made, {existing} is a file")
+    partial = out.parent / f".{out.name}.partial"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+    except OSError as err:
+        folder = Path(err.filename).parent if err.filename else out.parent
+        raise CorpusError(f"{out}: cannot write into {folder} ({err.strerror or err})") from err
+    return partial
+
+
 def _move_into_place(partial: Path, out: Path) -> None:
     if out.exists():
         old = out.parent / f".{out.name}.old"
@@ -237,15 +256,12 @@ def build_corpus(config: CorpusConfig, out: str | Path, *, overwrite: bool = Fal
     if needs_vg and config.vg.image_data is None:
         raise CorpusError(f"source(s) {', '.join(needs_vg)} need vg.image_data (Visual Genome "
                           "image_data.json, the coco_id join) to be configured")
-    texts = collect(config, sources, progress=progress, notes=notes)
-    for note in notes:
-        echo(f"note: {note}")
-    table = answer_table(config, texts)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.parent / f".{out.name}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
+    partial = _make_partial(out)
     try:
+        texts = collect(config, sources, progress=progress, notes=notes)
+        for note in notes:
+            echo(f"note: {note}")
+        table = answer_table(config, texts)
         stats = write_corpus(config, texts, sources, table, partial)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

@@ -17,10 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from pipeline.corpus.config import CorpusError
-from pipeline.corpus.sources import Text, clean
+from pipeline.corpus.sources import Text, clean, progress_bar, say_reading
 from pipeline.datasets.base import IMAGE_SUFFIXES
 from pipeline.datasets.cc3m import tar_members
 
@@ -68,7 +67,8 @@ def read_cc3m(folder: Path, *, progress: bool = False) -> Iterator[Text]:
     if not tars:
         raise CorpusError(f"{folder}: no img2dataset shards ({{shard:05d}}.tar) in it")
     seen: dict[str, Path] = {}
-    for tar_path in tqdm(tars, desc="cc3m", unit="shard", disable=not progress, leave=False):
+    for tar_path in progress_bar(tars, "cc3m", "shard", progress):
+        say_reading(tar_path, progress)
         statuses = _statuses(tar_path.with_suffix(".parquet"))
         images, captions, metas = _members(tar_path)
         for key in sorted(images):

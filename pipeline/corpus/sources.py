@@ -44,12 +44,26 @@ def clean(text: str) -> str:
     return " ".join(text.split())
 
 
+def say_reading(path: Path, progress: bool) -> None:
+    """"reading PATH (N MiB)", one line on stderr (above a bar, if one is drawn): parsing a large
+    release file takes a while before any bar can move, and in a log, where no bar is drawn
+    (progress_bar), these lines are the progress."""
+    if progress:
+        tqdm.write(f"reading {path} ({path.stat().st_size / 2**20:,.1f} MiB)", file=sys.stderr)
+
+
+def progress_bar(items: list, desc: str, unit: str, progress: bool) -> Iterable:
+    """`items`, with a bar on stderr while they are worked through when it is a terminal. tqdm
+    redraws its bar with carriage returns, which a log file or pipe keeps as one endless line."""
+    on_terminal = progress and sys.stderr.isatty()
+    return tqdm(items, desc=desc, unit=unit, disable=not on_terminal, leave=False)
+
+
 def read_json(path: Path, expected: type, what: str, progress: bool = False) -> Any:
     """Parse a JSON file whose top level must be `expected` (dict or list)."""
     if not path.is_file():
         raise CorpusError(f"{path}: file not found ({what})")
-    if progress:  # parsing a large release file takes a while before any bar can move
-        tqdm.write(f"reading {path} ({path.stat().st_size / 2**20:,.1f} MiB)", file=sys.stderr)
+    say_reading(path, progress)
     try:
         data = json.loads(path.read_bytes())
     except ValueError as err:
@@ -82,10 +96,6 @@ def _list(path: Path, data: dict, key: str, what: str) -> list:
     return value
 
 
-def _bar(items: list, path: Path, progress: bool, unit: str) -> Iterable:
-    return tqdm(items, desc=path.name, unit=unit, disable=not progress, leave=False)
-
-
 def read_coco_captions(path: Path, *, progress: bool = False) -> tuple[list[int], list[Text]]:
     """(the file's image ids, its captions). The ids include images without captions: they
     say which COCO subset an image is in."""
@@ -94,7 +104,7 @@ def read_coco_captions(path: Path, *, progress: bool = False) -> tuple[list[int]
               for i, e in enumerate(_list(path, data, "images", "COCO captions"))]
     texts = []
     annotations = _list(path, data, "annotations", "COCO captions")
-    for i, ann in enumerate(_bar(annotations, path, progress, "caption")):
+    for i, ann in enumerate(progress_bar(annotations, path.name, "caption", progress)):
         image_id = _field(path, ann, ["image_id"], int, f"annotations[{i}]")
         text = clean(_field(path, ann, ["caption"], str, f"annotations[{i}]"))
         if text:
@@ -117,7 +127,7 @@ def read_vqa(questions_path: Path, annotations_path: Path, *, progress: bool = F
         answers[qid] = [_field(annotations_path, a, ["answer"], str, f"{where}.answers[{j}]")
                         for j, a in enumerate(raw)]
     image_ids, texts, asked = [], [], set()
-    for i, q in enumerate(_bar(questions, questions_path, progress, "question")):
+    for i, q in enumerate(progress_bar(questions, questions_path.name, "question", progress)):
         where = f"questions[{i}]"
         qid = _field(questions_path, q, ["question_id"], int, where)
         image_id = _field(questions_path, q, ["image_id"], int, where)
@@ -136,18 +146,18 @@ def read_vqa(questions_path: Path, annotations_path: Path, *, progress: bool = F
     return image_ids, texts
 
 
-def read_vqa_image_ids(questions_path: Path) -> list[int]:
+def read_vqa_image_ids(questions_path: Path, *, progress: bool = False) -> list[int]:
     """The image ids of a VQA questions file (which COCO images its subset holds)."""
-    questions = _list(questions_path, read_json(questions_path, dict, "VQA questions"),
+    questions = _list(questions_path, read_json(questions_path, dict, "VQA questions", progress),
                       "questions", "VQA questions")
     return [_field(questions_path, q, ["image_id"], int, f"questions[{i}]")
             for i, q in enumerate(questions)]
 
 
-def read_vg_image_data(path: Path) -> dict[int, int | None]:
+def read_vg_image_data(path: Path, *, progress: bool = False) -> dict[int, int | None]:
     """Visual Genome image id -> COCO id (None for images that are not in COCO)."""
     coco_ids: dict[int, int | None] = {}
-    for i, entry in enumerate(read_json(path, list, "Visual Genome image_data")):
+    for i, entry in enumerate(read_json(path, list, "Visual Genome image_data", progress)):
         image_id = _field(path, entry, ["image_id", "id"], int, f"entry {i}")
         coco_id = entry.get("coco_id")
         if coco_id is not None and (not isinstance(coco_id, int) or isinstance(coco_id, bool)):
@@ -161,7 +171,7 @@ def read_vg_image_data(path: Path) -> dict[int, int | None]:
 def read_vg_regions(path: Path, *, progress: bool = False) -> Iterator[Text]:
     """Region descriptions ("phrase") of every image, source "vg"."""
     entries = read_json(path, list, "Visual Genome region descriptions", progress)
-    for i, entry in enumerate(_bar(entries, path, progress, "img")):
+    for i, entry in enumerate(progress_bar(entries, path.name, "img", progress)):
         image_id = _field(path, entry, ["id", "image_id"], int, f"entry {i}")
         for j, region in enumerate(_field(path, entry, ["regions"], list, f"entry {i}")):
             text = clean(_field(path, region, ["phrase"], str, f"entry {i} regions[{j}]"))
@@ -172,7 +182,7 @@ def read_vg_regions(path: Path, *, progress: bool = False) -> Iterator[Text]:
 def read_vg_qas(path: Path, *, progress: bool = False) -> Iterator[Text]:
     """Visual Genome question answers (LXMERT's "visual7w"), source "vgqa", score 1.0."""
     entries = read_json(path, list, "Visual Genome question answers", progress)
-    for i, entry in enumerate(_bar(entries, path, progress, "img")):
+    for i, entry in enumerate(progress_bar(entries, path.name, "img", progress)):
         image_id = _field(path, entry, ["id", "image_id"], int, f"entry {i}")
         for j, qa in enumerate(_field(path, entry, ["qas"], list, f"entry {i}")):
             where = f"entry {i} qas[{j}]"
@@ -185,7 +195,7 @@ def read_vg_qas(path: Path, *, progress: bool = False) -> Iterator[Text]:
 def read_gqa(path: Path, *, progress: bool = False) -> Iterator[Text]:
     """GQA balanced questions over Visual Genome images, score 1.0."""
     data = read_json(path, dict, "GQA balanced questions", progress)
-    for qid, q in _bar(list(data.items()), path, progress, "question"):
+    for qid, q in progress_bar(list(data.items()), path.name, "question", progress):
         where = f"question {qid}"
         image = _field(path, q, ["imageId"], str, where)
         if not image.isdigit():
