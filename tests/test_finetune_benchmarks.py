@@ -60,6 +60,9 @@ def test_vcr_fine_tunes_predicts_the_leaderboard_file_and_is_scored(world, tmp_p
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == SUBMISSION_COLUMNS
     assert [r["annot_id"] for r in rows] == [q.annot_id for q in read_vcr(annotations)]
+    # Counted in questions, each five model items (its answers, its rationales given each).
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"{len(rows)} questions (answer and rationale scores each) -> {out}")
     for row in rows:  # probabilities: each answer's four, and each answer's rationales', sum to 1
         assert sum(float(row[f"answer_{j}"]) for j in range(4)) == pytest.approx(1, abs=1e-5)
         for i in range(4):

@@ -200,21 +200,25 @@ def retrieval_matrix(scorer, objective: RetrievalTask, captions: list[CaptionExa
             np.array([image_of[k] for k in keys], dtype=np.int64))
 
 
-def write_submission(task: str, predictions: list[tuple[str, object]], path: Path) -> None:
-    """The benchmark's submission file (module docstring)."""
+def write_submission(task: str, predictions: list[tuple[str, object]], path: Path) -> int:
+    """The benchmark's submission file (module docstring); returns its number of rows: one per
+    question (VQA, GQA, VCR), example (NLVR2) or expression (RefCOCO+). A VCR question is five
+    predictions (its answers', and its rationales' given each answer), and one row."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if task == "nlvr2":
         with open(path, "w", newline="") as f:
             csv.writer(f).writerows(predictions)
-        return
+        return len(predictions)
     if task == "vcr":
-        write_vcr_submission(vcr_predictions(predictions), path)
-        return
+        questions = vcr_predictions(predictions)
+        write_vcr_submission(questions, path)
+        return len(questions)
     if task == "refcoco+":
         write_refcoco_predictions([(int(sent_id), box) for sent_id, box in predictions], path)
-        return
+        return len(predictions)
     if task == "vqa":
         rows = [{"question_id": int(qid), "answer": answer} for qid, answer in predictions]
     else:
         rows = [{"questionId": qid, "prediction": answer} for qid, answer in predictions]
     path.write_text(json.dumps(rows) + "\n")
+    return len(rows)

@@ -9,6 +9,12 @@ from pathlib import Path
 from pipeline.finetune.examples import TASKS
 
 HELP = "a fine-tuned run's submission file for a subset (VQA, GQA, NLVR2, VCR, RefCOCO+, ...)"
+# What one row of each submission is, for the count printed at the end (flickr30k prints its
+# matrix's captions x images).
+UNITS = {"vqa": "questions", "gqa": "questions",
+         "nlvr2": "examples (a sentence on an image pair each)",
+         "vcr": "questions (answer and rationale scores each)",
+         "refcoco+": "referring expressions (a box each)"}
 DESCRIPTION = """\
 Answer a subset with a fine-tuned run and write the benchmark's submission file:
   vqa        [{"question_id", "answer"}] JSON          gqa    [{"questionId", "prediction"}] JSON
@@ -64,6 +70,6 @@ def run(args: argparse.Namespace) -> int:
         args.task, Path(args.run), args.subset, root=args.root, shards=args.shards,
         checkpoint=args.checkpoint, batch_size=args.batch_size, holdout=args.holdout,
     )
-    write_submission(args.task, predictions, Path(args.out))
-    print(f"{len(predictions)} predictions -> {args.out}", file=sys.stderr)
+    rows = write_submission(args.task, predictions, Path(args.out))
+    print(f"{rows} {UNITS[args.task]} -> {args.out}", file=sys.stderr)
     return 0
