@@ -1,11 +1,11 @@
 """The analysis as JSON (report.json) and as the lines the command prints.
 
 Accuracies are percentages over a group's cases. Per head: accuracy and image_share (the mean
-share of the head's attention from the cases' words that goes to the regions), both
-[layer][head]; active: image_share > 20% (Li et al. §3). best: the most accurate head (the first
-in layer-then-head order on ties); best_active: the same among active heads (Li et al.'s Table 2
-considers only those); best_per_layer: each layer's most accurate head. Relations are listed
-most frequent first.
+share of the head's attention from the cases' words that goes to the real regions, padding
+excluded), both [layer][head]; active: image_share > 20% (Li et al. §3). best: the most
+accurate head (the first in layer-then-head order on ties); best_active: the same among active
+heads (Li et al.'s Table 2 considers only those); best_per_layer: each layer's most accurate
+head. Relations are listed most frequent first.
 """
 
 from __future__ import annotations
