@@ -3,7 +3,9 @@
 Each verb is a module that offers HELP (one line for the verb list), DESCRIPTION (its --help
 text), `add_args(parser)` and `run(args) -> exit status`, and may offer ON_INTERRUPT (what to do
 after Ctrl-C, e.g. how to resume); verbs with actions (`pipeline shards verify`) add them as
-sub-parsers. Verb modules import only light things at the top and the
+sub-parsers. A verb with settings (--config, --set) offers `config(args)`, its resolved config,
+which `--show-config` prints key by key instead of running (the verb's required options, such as
+--out, are not needed then). Verb modules import only light things at the top and the
 heavy ones (torch, Ray) inside `run`, so `pipeline --help` is instant.
 """
 
@@ -24,6 +26,7 @@ from model.errors import CheckpointError
 from pipeline.bench import command as bench
 from pipeline.common.arguments import formatter_for
 from pipeline.common.config import ConfigError
+from pipeline.common.config_help import show_config
 from pipeline.common.ray_session import RayStartError
 from pipeline.corpus import command as corpus
 from pipeline.corpus.config import CorpusError
@@ -111,7 +114,9 @@ Run `pipeline VERB --help` for each verb's options.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(required_options: bool = True) -> argparse.ArgumentParser:
+    """The parser of every verb; without `required_options`, no option is required
+    (--show-config runs nothing, so needs no --out)."""
     parser = argparse.ArgumentParser(
         prog="pipeline", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
     )
@@ -120,7 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
         verb = verbs.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
                                 formatter_class=formatter_for(module.DESCRIPTION))
         module.add_args(verb)
+        if not required_options:
+            _optional(verb)
     return parser
+
+
+def _optional(parser: argparse.ArgumentParser) -> None:
+    """Every option of `parser` and of its actions made optional (positionals stay required)."""
+    for action in parser._actions:
+        if action.option_strings:
+            action.required = False
+        for sub in (action.choices or {}).values() if isinstance(action, argparse._SubParsersAction) \
+                else ():
+            _optional(sub)
 
 
 def urls(args: argparse.Namespace) -> list[str]:
@@ -134,9 +151,14 @@ def urls(args: argparse.Namespace) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    showing = "--show-config" in argv
+    args = build_parser(required_options=not showing).parse_args(argv)
     named = urls(args)
     try:
+        if showing:
+            print(show_config(VERBS[args.verb].config(args)))
+            return 0
         for url in named:  # an object store that cannot be used is said at once, not after retries
             check_reachable(url)
         return VERBS[args.verb].run(args)

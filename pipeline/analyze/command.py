@@ -37,7 +37,7 @@ the best head's region in red), and prints the summary.
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     actions = Actions(parser, "analyze_verb")
-    grounding = actions.add("grounding", HELP, DESCRIPTION, config=False)
+    grounding = actions.add("grounding", HELP, DESCRIPTION)
     grounding.add_argument("--run", required=True, metavar="CKPT",
                            help="a `pipeline pretrain` / `finetune` run (its latest checkpoint), "
                            "one of its checkpoints/step_N, or a model checkpoint (ours, Hugging "

@@ -75,7 +75,7 @@ def add_end_to_end_args(parser: argparse.ArgumentParser) -> None:
 def add_args(parser: argparse.ArgumentParser) -> None:
     actions = Actions(parser, "bench_verb", metavar="WHAT")
     extract = actions.add("extract", "images/s and time per stage of the extractor",
-                          EXTRACT_DESCRIPTION)
+                          EXTRACT_DESCRIPTION, example="detector.depth=18")
     extract.add_argument("--images", help="folder of images (default: the bundled samples)")
     extract.add_argument("--num-images", type=int, default=16, help="images per setting")
     extract.add_argument("--batch-sizes", default="1,4", help="comma-separated batch sizes")
@@ -96,15 +96,21 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     # pretrain takes --config and --set of its own (a pretraining config, defaulted)
     pretrain.add_args(actions.add("pretrain", "pretraining samples/s and its scaling from 1 to N "
-                                  "workers", pretrain.__doc__, config=False))
+                                  "workers", pretrain.__doc__))
     model.add_args(actions.add("model", "training samples/s of our model against transformers' "
-                               "(same weights and work)", MODEL_DESCRIPTION, config=False))
+                               "(same weights and work)", MODEL_DESCRIPTION))
     step.add_args(actions.add("step", "training samples/s of the four architectures' step in "
-                              "each variant (precision, CUDA graph, compile)", STEP_DESCRIPTION,
-                              config=False))
+                              "each variant (precision, CUDA graph, compile)", STEP_DESCRIPTION))
     add_end_to_end_args(actions.add("end-to-end", "images/s of one training step with the "
                                     "detector trained end to end (VL-BERT)",
-                                    END_TO_END_DESCRIPTION, config=False))
+                                    END_TO_END_DESCRIPTION))
+
+
+def config(args: argparse.Namespace):
+    """`bench extract`'s extraction config (the other benchmarks take flags)."""
+    from pipeline.extract.config import resolve_job
+
+    return resolve_job(args.config, args.sets, device=args.device)
 
 
 def run(args: argparse.Namespace) -> int:

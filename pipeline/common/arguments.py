@@ -18,8 +18,10 @@ def formatter_for(description: str) -> type[argparse.HelpFormatter]:
     return argparse.HelpFormatter
 
 
-def add_config_args(parser: argparse.ArgumentParser) -> None:
-    """A verb's `--config FILE` and repeatable `--set key=value` (into args.config, args.sets)."""
+def add_config_args(parser: argparse.ArgumentParser, example: str) -> None:
+    """A verb's `--config FILE`, repeatable `--set key=value` (into args.config, args.sets;
+    `example` is one of the verb's own keys with a value) and `--show-config` (the verb module's
+    `config(args)` printed key by key: pipeline/cli.py)."""
     group = parser.add_argument_group("configuration")
     group.add_argument("--config", metavar="FILE", help="YAML file with config values")
     group.add_argument(
@@ -28,8 +30,13 @@ def add_config_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         action="append",
         default=[],
-        help="override one config value, e.g. --set detector.depth=18 (repeatable; "
-        "applied after --config; unknown keys are errors)",
+        help=f"override one config value, e.g. --set {example} (repeatable; applied after "
+        "--config; unknown keys are errors; --show-config lists every key)",
+    )
+    group.add_argument(
+        "--show-config", action="store_true",
+        help="print every config key with its value (after --config and --set) and its meaning, "
+        "then exit without running",
     )
 
 
@@ -41,13 +48,14 @@ class Actions:
         self.actions = parser.add_subparsers(dest=dest, metavar=metavar, required=True)
 
     def add(self, name: str, help: str, description: str, *,
-            config: bool = True) -> argparse.ArgumentParser:
-        """The parser of action `name`, taking --config and --set unless `config` is false (its
-        "configuration" group lists after the action's own options whenever they are added)."""
+            example: str | None = None) -> argparse.ArgumentParser:
+        """The parser of action `name`, taking --config, --set and --show-config when `example`
+        (one of its keys with a value, for --set's help) is given (their "configuration" group
+        lists after the action's own options whenever they are added)."""
         parser = self.actions.add_parser(name, help=help, description=description,
                                          formatter_class=formatter_for(description))
-        if config:
-            add_config_args(parser)
+        if example is not None:
+            add_config_args(parser, example)
         return parser
 
 

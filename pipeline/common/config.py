@@ -135,14 +135,14 @@ def check_positive(config: Any, section: str, *names: str, allow_zero: bool = Fa
 
 def to_dict(config: Any) -> dict:
     """Plain nested dict (tuples as lists), for YAML/JSON dumps of the resolved config."""
-    return _plain(dataclasses.asdict(config))
+    return plain(dataclasses.asdict(config))
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     return value
 
 

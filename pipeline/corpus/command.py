@@ -25,7 +25,8 @@ BUILD_DESCRIPTION = (
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    build = Actions(parser, "corpus_verb").add("build", BUILD_HELP, BUILD_DESCRIPTION)
+    build = Actions(parser, "corpus_verb").add("build", BUILD_HELP, BUILD_DESCRIPTION,
+                                                  example="minival_images=4")
     build.add_argument("--out", required=True, metavar="DIR", help="corpus directory")
     build.add_argument("--root", metavar="DIR", help="folder the config's relative paths are "
                        "read against (replaces the config's root)")
@@ -33,15 +34,19 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                        help="replace the corpus that --out holds already")
 
 
+def config(args: argparse.Namespace):
+    """The corpus config: --config, --set, then --root."""
+    from pipeline.corpus.config import CorpusConfig
+
+    cfg = resolve(CorpusConfig(), args.config, args.sets)
+    return cfg if args.root is None else replace(cfg, root=args.root)
+
+
 def run(args: argparse.Namespace) -> int:
     from pipeline.corpus.build import build_corpus
-    from pipeline.corpus.config import CorpusConfig
     from pipeline.corpus.stats import format_table
 
-    config = resolve(CorpusConfig(), args.config, args.sets)
-    if args.root is not None:
-        config = replace(config, root=args.root)
-    stats = build_corpus(config, Path(args.out), overwrite=args.overwrite)
+    stats = build_corpus(config(args), Path(args.out), overwrite=args.overwrite)
     print(format_table(stats))
     print(f"corpus written to {args.out}")
     return 0

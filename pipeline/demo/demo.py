@@ -104,18 +104,23 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", help="output directory (default: demo_out, or demo_ and the "
                         "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding)")
-    add_config_args(parser)
+    add_config_args(parser, "world_seed=3")
+
+
+def config(args: argparse.Namespace):
+    """The experiment's settings (DemoConfig for the main demo)."""
+    config_type = EXPERIMENTS[args.experiment]()[0] if args.experiment != "main" else DemoConfig
+    return resolve(config_type(), args.config, args.sets)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.experiment != "main":
-        config_type, experiment = EXPERIMENTS[args.experiment]()
+        experiment = EXPERIMENTS[args.experiment]()[1]
         out = Path(args.out or f"demo_{args.experiment.replace('-', '_')}").resolve()
-        experiment(resolve(config_type(), args.config, args.sets), out)
+        experiment(config(args), out)
         print(f"\nresults.json in {out}")
         return 0
-    return run_main(resolve(DemoConfig(), args.config, args.sets),
-                    Path(args.out or "demo_out").resolve())
+    return run_main(config(args), Path(args.out or "demo_out").resolve())
 
 
 def _benchmarks():

@@ -33,13 +33,20 @@ TRAIN_DESCRIPTION = (
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    train = Actions(parser, "detector_verb").add("train", TRAIN_HELP, TRAIN_DESCRIPTION)
+    train = Actions(parser, "detector_verb").add("train", TRAIN_HELP, TRAIN_DESCRIPTION,
+                                                   example="optim.steps=200")
     train.add_argument("--data", required=True, help="dataset root (a generated world)")
     train.add_argument("--out", required=True, help="output directory for the checkpoint and metrics")
     train.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     train.add_argument("--resume", action="store_true",
                        help="continue from --out's checkpoint.pt (the steps after it repeat what "
                        "the uninterrupted run would have done)")
+
+
+def config(args: argparse.Namespace):
+    from pipeline.detector.train import DetectorTrainConfig
+
+    return resolve(DetectorTrainConfig(), args.config, args.sets)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,13 +57,12 @@ def run(args: argparse.Namespace) -> int:
     from pipeline.detector.evaluation import evaluate_detector
     from pipeline.detector.train import (
         CHECKPOINT,
-        DetectorTrainConfig,
         checkpoint_step,
         load_visual_genome,
         train_detector,
     )
 
-    cfg = resolve(DetectorTrainConfig(), args.config, args.sets)
+    cfg = config(args)
     device = pick_device(args.device or cfg.device)
     out = Path(args.out)
     found = checkpoint_step(out / CHECKPOINT)

@@ -27,11 +27,6 @@ class ImportConfig:
     preset: str = "lxmert"
 
 
-@dataclass(frozen=True)
-class NoOptions:
-    """This action has no configurable values; --config/--set are accepted for uniformity."""
-
-
 def add_args(parser: argparse.ArgumentParser) -> None:
     actions = Actions(parser, "shards_verb")
     verify = actions.add(
@@ -44,6 +39,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "import-tsv", "convert an LXMERT/bottom-up-attention TSV feature file into shards",
         "Stream an LXMERT-style TSV (img_id, img_h, img_w, objects_id, objects_conf, attrs_id, "
         "attrs_conf, num_boxes, boxes, features) into schema-v1 shards.",
+        example="features_dtype=float16",
     )
     imp.add_argument("tsv", help="TSV feature file")
     imp.add_argument("--out", required=True, help="output shard directory")
@@ -57,6 +53,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     exp.add_argument("--out", required=True, help="output TSV file")
 
 
+def config(args: argparse.Namespace) -> ImportConfig:
+    """import-tsv's settings (the other actions have none)."""
+    return resolve(ImportConfig(), args.config, args.sets)
+
+
 def run(args: argparse.Namespace) -> int:
     return {"verify": _verify, "import-tsv": _import, "export-tsv": _export}[args.shards_verb](args)
 
@@ -64,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from shards.verify import verify_report
 
-    resolve(NoOptions(), args.config, args.sets)
     directory = as_path(args.dir)
     if not directory.is_dir():
         raise ConfigError(f"{args.dir} is not a directory")
@@ -83,7 +83,7 @@ def _count(n: int, noun: str) -> str:
 def _import(args: argparse.Namespace) -> int:
     from shards.tsv import import_tsv
 
-    cfg = resolve(ImportConfig(), args.config, args.sets)
+    cfg = config(args)
     if not Path(args.tsv).is_file():
         raise ConfigError(f"TSV file {args.tsv} does not exist")
     result = import_tsv(
@@ -101,7 +101,6 @@ def _import(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     from shards.tsv import export_tsv
 
-    resolve(NoOptions(), args.config, args.sets)
     count = export_tsv(args.dir, args.out)
     print(f"{args.dir} -> {args.out}: {count} rows")
     return 0

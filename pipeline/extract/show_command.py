@@ -46,15 +46,22 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         metavar="X",
         help="leave out boxes with object confidence below X (default: 0)",
     )
-    add_config_args(parser)
+    add_config_args(parser, "max_boxes=10")
 
 
-def run(args: argparse.Namespace) -> int:
-    from pipeline.extract.show import ShowConfig, ShowError, show_sample
+def config(args: argparse.Namespace):
+    """The drawing settings: --config, --set, then --max-boxes and --min-conf."""
+    from pipeline.extract.show import ShowConfig
 
     cfg = resolve(ShowConfig(), args.config, args.sets)
     flags = {"max_boxes": args.max_boxes, "min_conf": args.min_conf}
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
+    return dataclasses.replace(cfg, **{k: v for k, v in flags.items() if v is not None})
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.extract.show import ShowError, show_sample
+
+    cfg = config(args)
     try:
         print(show_sample(Path(args.shards), args.key, Path(args.out), args.root, cfg))
     except ShowError as err:

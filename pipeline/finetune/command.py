@@ -8,7 +8,13 @@ import argparse
 from pipeline.common.arguments import writable_dir
 from pipeline.common.config import ConfigError
 from pipeline.finetune.examples import TASKS
-from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
+from pipeline.train.arguments import (
+    add_training_args,
+    run_config_path,
+    run_sets,
+    train,
+    with_workers,
+)
 
 HELP = "fine-tune on VQA, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K from a checkpoint (or scratch)"
 ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
@@ -44,21 +50,28 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="init", metavar="CKPT",
                         help="checkpoint the encoder starts from (default: the config's init; "
                         "none = from scratch)")
-    add_training_args(parser)
+    add_training_args(parser, "optim.lr=1e-3")
 
 
-def run(args: argparse.Namespace) -> int:
+def config(args: argparse.Namespace):
+    """The run's config: the task's defaults, --config (with --resume, the run's config.yaml),
+    --set, --workers and --from; not yet checked across fields."""
     from pipeline.finetune.config import load_config
-    from pipeline.finetune.job import finetune_job, prepare_finetune
 
     sets = run_sets(args)
     if args.init is not None:
         sets.append(f"init={args.init}")
-    config = load_config(args.task, run_config_path(args, "finetune"), sets)
-    if not config.data.root or not config.data.shards:
+    return load_config(args.task, run_config_path(args, "finetune"), sets, checked=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.finetune.job import finetune_job, prepare_finetune
+
+    cfg = with_workers(config(args).check(), args.address)
+    if not cfg.data.root or not cfg.data.shards:
         raise ConfigError("set data.root (the task's released files) and data.shards")
     writable_dir(args.out)
-    train(finetune_job, prepare_finetune(config), args)
+    train(finetune_job, prepare_finetune(cfg), args)
     out = args.out
     print(f"run directory: {out}; submission files: pipeline predict {args.task} --run {out} ...")
     return 0

@@ -36,8 +36,8 @@ class TaskDataConfig:
     root: the folder of the released files: VQA `v2_OpenEnded_mscoco_{subset}_questions.json` and
         `v2_mscoco_{subset}_annotations.json`, GQA `{split}_balanced_questions.json`, NLVR2
         `{split}.json`, VCR `{split}.jsonl`, RefCOCO+ `refs(unc).p` and `instances.json`,
-        Flickr30K `dataset_flickr30k.json`. train: the subsets / splits trained on; val: the
-        one validated on.
+        Flickr30K `dataset_flickr30k.json`. train: the subsets / splits trained on. val: the
+        one subset / split validated on.
     holdout: a corpus directory (`pipeline corpus build`) whose `minival` images are held out, as
         LXMERT does for VQA: `val` keeps only their questions and training gets the rest of `val`'s
         questions too (LXMERT's nominival). Empty: train and val as given.
@@ -45,6 +45,8 @@ class TaskDataConfig:
     answers: an answer table (JSON list, or {"answers": [...]}) to use; empty: built from the
         training examples (VQA: answers that are the top answer of >= min_answer_count
         questions; GQA: every training answer).
+    min_answer_count: with no `answers`, the fewest training questions whose top answer an
+        answer must be to enter VQA's table (compute_softscore.py's 9).
     batch_size: examples per optimizer step summed over workers. max_boxes: regions per image.
     max_text_length: wordpieces per text, [CLS] and [SEP] included. val_batches: validation
     batches per worker (0: all). tokenizer: a BERT directory (empty: the bundled vocabulary).
@@ -72,8 +74,10 @@ class TaskDataConfig:
 
 @dataclass(frozen=True)
 class FinetuneConfig:
-    """task: vqa | gqa | nlvr2. arch: the encoder's architecture (a checkpoint in `init` must hold
-    it). model: that architecture's config, used when `init` is empty (from scratch).
+    """task: vqa | gqa | nlvr2 | vcr | refcoco+ | flickr30k (the verb's). arch: the encoder's
+    architecture (a checkpoint in `init` must hold it). init: the checkpoint the encoder starts
+    from (--from: ours, a Hugging Face directory or an official LXMERT *_LXRT.pth); empty: from
+    scratch. model: that architecture's config, used when `init` is empty (from scratch).
     init_answers: the pretraining answer table of an LXMERT `init` (a corpus directory or its
     answers.json, or LXMERT's all_ans.json): VQA / GQA then start from its QA head's rows."""
 
@@ -117,7 +121,7 @@ def default_config(task: str, arch: str = "lxmert") -> FinetuneConfig:
         model=ARCHS[arch].config(),
         data=TaskDataConfig(max_text_length=TEXT_LENGTHS.get(task, TaskDataConfig.max_text_length)),
         optim=OptimConfig(lr=LEARNING_RATES[task], warmup_fraction=0.1),
-        run=RunConfig(epochs=4, workers=1, val_every=0, checkpoint_every=1000),
+        run=RunConfig(epochs=4, val_every=0, checkpoint_every=1000),
     )
 
 
@@ -130,9 +134,12 @@ def _picked(values: dict, sets: list[str], key: str, default: str) -> str:
 
 
 def load_config(
-    task: str, path: str | Path | None = None, sets: list[str] | None = None
+    task: str, path: str | Path | None = None, sets: list[str] | None = None, *,
+    checked: bool = True,
 ) -> FinetuneConfig:
-    """`task`'s defaults, then the YAML file, then `--set` overrides."""
+    """`task`'s defaults, then the YAML file, then `--set` overrides; checked across fields
+    (`FinetuneConfig.check`) unless `checked` is false (`--show-config` of a config still
+    missing its data)."""
     sets = list(sets or [])
     values = load_yaml(path) if path is not None else {}
     if "objective" in values:  # e.g. --resume on a pretrain run's directory
@@ -143,7 +150,8 @@ def load_config(
     if values.get("task", task) != task:
         raise ConfigError(f"{path} is a {values['task']} config, not {task}")
     base = default_config(task, _picked(values, sets, "arch", "lxmert"))
-    return resolve(base, path, sets).check()
+    config = resolve(base, path, sets)
+    return config.check() if checked else config
 
 
 def config_from_dict(values: dict) -> FinetuneConfig:

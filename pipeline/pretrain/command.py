@@ -6,7 +6,13 @@ import argparse
 
 from pipeline.common.arguments import writable_dir
 from pipeline.common.config import ConfigError
-from pipeline.train.arguments import add_training_args, run_config_path, run_sets, train
+from pipeline.train.arguments import (
+    add_training_args,
+    run_config_path,
+    run_sets,
+    train,
+    with_workers,
+)
 
 HELP = "pretrain LXMERT / VisualBERT / VL-BERT / ViLBERT on shards + corpus"
 ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
@@ -39,17 +45,23 @@ Examples:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    add_training_args(parser)
+    add_training_args(parser, "run.epochs=2")
+
+
+def config(args: argparse.Namespace):
+    """The run's config: --config (with --resume, the run's config.yaml), --set, --workers."""
+    from pipeline.pretrain.config import load_config
+
+    return load_config(run_config_path(args, "pretrain"), run_sets(args))
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeline.pretrain.config import load_config
     from pipeline.pretrain.job import prepare_pretrain, pretrain_job
 
-    config = load_config(run_config_path(args, "pretrain"), run_sets(args))
-    if not config.data.corpus or not config.data.shards:
+    cfg = with_workers(config(args), args.address)
+    if not cfg.data.corpus or not cfg.data.shards:
         raise ConfigError("set data.corpus (a `pipeline corpus build` directory) and data.shards")
     writable_dir(args.out)
-    train(pretrain_job, prepare_pretrain(config), args)
+    train(pretrain_job, prepare_pretrain(cfg), args)
     print(f"run directory: {args.out} (metrics.jsonl, loss_curves.png, checkpoints/)")
     return 0

@@ -16,8 +16,9 @@ from pipeline.common.config import ConfigError
 from shards.storage import Location, as_path
 
 
-def add_training_args(parser: argparse.ArgumentParser) -> None:
-    """--out, --resume, --workers, --address, --ray-logs, then --config and --set."""
+def add_training_args(parser: argparse.ArgumentParser, example: str) -> None:
+    """--out, --resume, --workers, --address, --ray-logs, then --config and --set (`example`:
+    one of the verb's keys, for --set's help)."""
     parser.add_argument(
         "--out", required=True, help="run directory: a path or a URL such as s3://bucket/runs/x"
     )
@@ -28,8 +29,8 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers", type=int,
-        help="Ray Train workers (default: the config's run.workers; 0 runs in this process "
-        "without Ray)",
+        help="Ray Train workers (default: the config's run.workers, whose default is 1 on a "
+        "machine with a GPU or with --address, else 0; 0 runs in this process without Ray)",
     )
     parser.add_argument(
         "--address", help="join this Ray cluster (default: start a local Ray for the run)"
@@ -39,12 +40,14 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         help="also show Ray's own logs and its processes' output (by default only the workers' "
         "output; Ray's logs are in /tmp/ray/session_latest/logs)",
     )
-    add_config_args(parser)
+    add_config_args(parser, example)
 
 
 def run_config_path(args: argparse.Namespace, verb: str) -> str | Location | None:
     """The YAML a run starts from: the run's own config.yaml with --resume, else --config; a run
     directory that holds a run already needs --resume."""
+    if args.out is None:  # --show-config without --out
+        return args.config
     out = as_path(args.out)
     saved = out / "config.yaml"
     if not args.resume:
@@ -67,6 +70,23 @@ def run_sets(args: argparse.Namespace) -> list[str]:
     if args.workers is not None:
         sets.append(f"run.workers={args.workers}")
     return sets
+
+
+def with_workers(config: Any, address: str | None) -> Any:
+    """`config` with run.workers auto (-1) resolved: one Ray Train worker where there is a GPU
+    or a cluster (--address), else 0, training in this process: on a CPU machine Ray Train's
+    start-up took 80 s of a 2.5-minute fine-tuning, for the same result."""
+    import dataclasses
+
+    if config.run.workers >= 0:
+        return config
+    import torch
+
+    workers = 1 if address or torch.cuda.is_available() else 0
+    if not workers:
+        print("run.workers auto: 0 (no GPU and no --address): training in this process, "
+              "without Ray; --workers N trains on N Ray Train workers", file=sys.stderr)
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, workers=workers))
 
 
 def train(build: Callable[[dict, int, int], Job], config: Any, args: argparse.Namespace) -> None:

@@ -15,8 +15,16 @@ from pipeline.common.config import ConfigError, check_positive
 class OptimConfig:
     """AdamW with BERT's schedule: linear warmup over `warmup_fraction` of the steps (or over
     `warmup_steps` when > 0, as VL-BERT gives it), then linear decay to 0. No weight decay on
-    biases and LayerNorm weights. grad_clip: max global L2 norm (0: none). accumulation:
-    micro-batches per optimizer step."""
+    biases and LayerNorm weights. grad_clip: max global L2 norm of the gradients (0: none).
+    accumulation: micro-batches per optimizer step.
+
+    lr: the peak learning rate, reached at the end of the warmup (a detector trained end to end
+    learns at lr x visual.lr_multiplier). weight_decay: AdamW's decoupled weight decay (none on
+    biases and LayerNorm weights). betas: AdamW's decay rates of its first and second moment
+    estimates (BERT's 0.9, 0.999). eps: the epsilon added to AdamW's denominator (BERT's 1e-6).
+    warmup_fraction: share of the optimizer steps spent in the linear warmup, unless
+    warmup_steps > 0. warmup_steps: steps of the linear warmup (0: warmup_fraction decides).
+    """
 
     lr: float = 1e-4
     weight_decay: float = 0.01
@@ -32,12 +40,15 @@ class OptimConfig:
 class RunConfig:
     """How long and where.
 
-    epochs: passes over the training pairs; max_steps > 0 stops earlier. seed: fixes the data
+    epochs: passes over the training pairs; max_steps > 0 stops earlier. max_steps: the most
+    optimizer steps of the run (0: no limit; with epochs 0, the run's length). seed: fixes the data
     order, every mask and dropout (with the same seed a resumed run repeats the uninterrupted one).
     log_every: optimizer steps between metrics.jsonl lines. val_every: steps between validations
     (0: at each epoch's end); one more at the end. checkpoint_every: steps between checkpoints
-    (one more at the end); keep_checkpoints: how many are kept. workers: Ray Train workers (0: run
-    in this process, without Ray). device: auto = CUDA when there is one.
+    (one more at the end). keep_checkpoints: how many of the latest checkpoints are kept (older
+    ones are deleted). workers: Ray Train workers (0: run
+    in this process, without Ray; -1, auto: 1 where there is a GPU or a cluster to join, else 0).
+    device: "auto" (CUDA when there is one), "cpu" or "cuda".
     precision: "float32"; "autocast" (bfloat16 autocast over float32 weights); "bf16" (bfloat16
     weights for the forward and backward, float32 master weights for the optimizer: two casts a
     step instead of autocast's ~1,000; pipeline/train/precision.py); "auto": bf16 on a GPU
@@ -61,7 +72,7 @@ class RunConfig:
     val_every: int = 0
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2
-    workers: int = 1
+    workers: int = -1
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "float32", "autocast", "bf16"] = "auto"
     threads_per_worker: int = 0
@@ -79,8 +90,8 @@ class VisualConfig:
     trainable: train the detector's trunk with the transformer (off: features from the shards).
     extract_config: the extraction config (YAML) the shards were made with: the detector's
         architecture and the image preprocessing (empty: the preset defaults of `pipeline
-        extract`). weights: the detector checkpoint they were made with (any format `pipeline
-        extract --weights` reads); required when trainable.
+        extract`). weights: the detector checkpoint the shards were made with (any format
+        `pipeline extract --weights` reads); required when trainable.
     frozen_stages: the trunk's stages that do not train (VL-BERT: stem, res2).
     pooler: "roi_pool" (the detector's: untrained features are the extracted ones) or
         "roi_align" (VL-BERT's). checkpoint_res5: recompute res5 in the backward (memory).
@@ -133,8 +144,10 @@ def check_schedule(batch_size: int, optim: OptimConfig, run: RunConfig) -> None:
     if not all(0 <= beta < 1 for beta in optim.betas):
         raise ConfigError(f"optim.betas = {list(optim.betas)}: each must be in [0, 1)")
     check_positive(run, "run", "log_every", "checkpoint_every", "keep_checkpoints")
-    check_positive(run, "run", "workers", "epochs", "max_steps", "val_every",
-                   "threads_per_worker", allow_zero=True)
+    check_positive(run, "run", "epochs", "max_steps", "val_every", "threads_per_worker",
+                   allow_zero=True)
+    if run.workers < -1:
+        raise ConfigError(f"run.workers = {run.workers}: must be >= 0, or -1 (auto)")
     if run.data_workers < -1:
         raise ConfigError(f"run.data_workers = {run.data_workers}: must be >= 0, or -1 (auto)")
     if batch_size < 1:

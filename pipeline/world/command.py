@@ -29,18 +29,26 @@ GENERATE_DESCRIPTION = (
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    generate = Actions(parser, "world_verb").add("generate", GENERATE_HELP, GENERATE_DESCRIPTION)
+    generate = Actions(parser, "world_verb").add("generate", GENERATE_HELP, GENERATE_DESCRIPTION,
+                                                example="min_objects=2")
     generate.add_argument("--out", required=True, help="output directory")
     generate.add_argument("--images", type=int, help="number of COCO/Visual Genome scenes")
     generate.add_argument("--seed", type=int, help="random seed (same seed, same bytes)")
 
 
-def run(args: argparse.Namespace) -> int:
-    from pipeline.world.generate import WorldConfig, format_summary, generate_world
+def config(args: argparse.Namespace):
+    """The world's settings: --config, --set, then --images and --seed."""
+    from pipeline.world.generate import WorldConfig
 
     cfg = resolve(WorldConfig(), args.config, args.sets)
     overrides = {k: v for k, v in (("images", args.images), ("seed", args.seed)) if v is not None}
-    cfg = dataclasses.replace(cfg, **overrides)
+    return dataclasses.replace(cfg, **overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.world.generate import format_summary, generate_world
+
+    cfg = config(args)
     out = Path(args.out)
     start = time.perf_counter()
     try:
