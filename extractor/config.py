@@ -37,6 +37,32 @@ class DetectorConfig:
     depth: ResNet depth (18, 34: basic blocks; 50, 101, 152: bottleneck blocks).
     width: channels of the stem; bottleneck res2 has `width` inner and `4 * width` output channels,
         so the region feature has `32 * width` dims (2048 for the real model).
+    num_classes / num_attributes: object classes and attributes (Visual Genome's 1600 and 400);
+        the class head adds a background score, the attribute head a "no attribute" score.
+    rpn_hidden: channels of the RPN's 3x3 conv, before its objectness and box-delta 1x1 convs.
+    anchor_sizes / aspect_ratios: the anchors at every res4 cell: each size (the square root of
+        its area, in input pixels) at each height / width ratio.
+    feature_stride: input pixels per res4 cell (16 for the C4 backbone): the anchors' spacing,
+        and RoI pooling's scale 1 / feature_stride.
+    rpn_pre_nms_topk: proposals per image, best objectness first, that enter the RPN's NMS (6000
+        in the BUTD models).
+    rpn_post_nms_topk: proposals kept after the RPN's NMS (300 in the BUTD models): the RoIs the
+        box head scores and selection chooses from.
+    rpn_nms_thresh: IoU above which the RPN's NMS drops the lower-scored proposal.
+    rpn_min_size: the smallest proposal width and height kept, in original-image pixels,
+        dropped before the pre-NMS top-k (Caffe's RPN_MIN_SIZE 16): in training always, in
+        extraction with selection.rpn_filter "caffe".
+    pooler_resolution: side of the square grid each RoI is max-pooled to from res4 (14 in the
+        BUTD models), the input of res5.
+    res5_dilation: dilation of res5's 3x3 convs, which run at stride 1 on the pooled RoIs (2 in
+        the BUTD models).
+    attr_embed_dim: size of the predicted class's embedding that the attribute head concatenates
+        to the region feature.
+    attr_hidden: width of the attribute head's hidden layer (ReLU), before its attribute scores.
+    bbox_reg_weights: divisors (x, y, w, h) of the predicted box deltas, detectron2's
+        Box2BoxTransform weights (10, 10, 5, 5: Caffe's BBOX_NORMALIZE_STDS 0.1, 0.1, 0.2, 0.2).
+    pixel_mean_bgr: per-channel mean, B G R on the 0-255 scale, subtracted from every pixel
+        (Caffe's PIXEL_MEANS).
     """
 
     depth: int = 101
@@ -121,6 +147,15 @@ class SelectionConfig:
     mode: "adaptive" keeps min_boxes..max_boxes regions scoring >= score_thresh after per-class NMS;
         "fixed" keeps exactly num_boxes, sweeping nms_thresholds until enough survive;
         "given" computes features for caller-supplied boxes (no RPN).
+    min_boxes / max_boxes: "adaptive" mode's fewest and most regions per image: those scoring
+        >= score_thresh, topped up by confidence to min_boxes, cut at max_boxes (Caffe's 10..100).
+    num_boxes: "fixed" mode's regions per image (36: LXMERT's and the demos' files), topped up by
+        confidence when fewer reach score_thresh.
+    score_thresh: the class confidence a region needs to count as detected (Caffe's 0.2);
+        regions below it only top up a count.
+    nms_thresh: "adaptive" mode's NMS IoU threshold (Caffe's 0.3).
+    nms_thresholds: "fixed" mode's NMS IoU thresholds, tried in order until num_boxes regions
+        reach score_thresh (the last one is topped up by confidence).
     class_agnostic: NMS over each proposal's best-class regressed box (Hugging Face demo) instead of
         per-class NMS.
     saved_boxes: "proposals": NMS runs on, and the shard saves, the raw RPN boxes the features were
@@ -167,6 +202,15 @@ class SelectionConfig:
 
 @dataclass(frozen=True)
 class ExtractorConfig:
+    """What decides an extraction's samples: the detector, its preprocessing and box selection.
+
+    preset: the named convention (PRESETS: caffe, lxmert, pb-demo, hf-demo) whose preprocessing
+        and selection are the defaults, recorded in every shard.
+    save_class_probs: also save each region's class distribution over background and the
+        objects (`cls_probs`, background first), which ViLBERT's and VL-BERT's masked-region
+        objectives learn from.
+    """
+
     detector: DetectorConfig = field(default_factory=DetectorConfig)
     preprocess: PreprocessConfig = field(default_factory=PreprocessConfig)
     selection: SelectionConfig = field(default_factory=SelectionConfig)

@@ -55,10 +55,14 @@ class DetectorLossConfig:
 
     rpn_batch_size / rpn_positive_fraction: anchors sampled per image, and their foreground share.
     rpn_fg_iou / rpn_bg_iou: anchor IoU at or above which it is foreground, below which background.
-    rpn_smooth_l1_beta: 1/9 is Caffe's sigma = 3 (and torchvision's).
-    rois_per_image / roi_positive_fraction / roi_fg_iou: the RoI head's sample per image (fewer than
-        detectron2's 512: the world's images hold a handful of objects, and res5 is the cost).
-    box_smooth_l1_beta: 1.0 is Caffe's sigma = 1 for the box head.
+    rpn_smooth_l1_beta: beta of the RPN's smooth-L1 box loss; 1/9 is Caffe's sigma = 3 (and
+        torchvision's).
+    rois_per_image / roi_positive_fraction: the RoI head's sample per image and its foreground
+        share (fewer than detectron2's 512: the world's images hold a handful of objects, and res5
+        is the cost).
+    roi_fg_iou: proposal IoU with a ground-truth box at or above which an RoI is foreground (that
+        box's class), below which background.
+    box_smooth_l1_beta: beta of the box head's smooth-L1 loss; 1.0 is Caffe's sigma = 1.
     attr_loss_weight: scale of the attribute loss.
     """
 

@@ -31,14 +31,27 @@ from model.heads import (
 class LxmertConfig:
     """LXMERT's architecture; the defaults are the paper's (REFERENCE §3).
 
-    language_layers / object_layers / cross_layers: layers of the language encoder, the
-        object-relationship encoder (self-attention over regions) and the cross-modality encoder.
+    vocab_size: WordPiece vocabulary size (BERT uncased: 30522).
+    hidden_size: width H of every token and region state, in all three encoders (768).
+    num_heads: attention heads per layer; must divide hidden_size.
+    intermediate_size: width of the feed-forward layer (3072).
+    language_layers: layers of the language encoder (self-attention over the words; 9).
+    object_layers: layers of the object-relationship encoder (self-attention over regions; 5).
+    cross_layers: layers of the cross-modality encoder (5).
+    max_position_embeddings: rows of the text position table; text length must not exceed it.
+    type_vocab_size: rows of the text segment table (0: the one text; 1: VCR's second text).
     visual_feat_dim: size of a region feature (2048 for the BUTD detector).
     visual_pos_dim: size of a region position: 4, the box x1, y1, x2, y2 divided by image width and
         height.
+    layer_norm_eps: epsilon of every LayerNorm (BERT: 1e-12).
+    hidden_dropout: dropout on the text and region embeddings and on every sub-layer's output
+        before its residual sum.
+    attention_dropout: dropout on attention probabilities.
+    initializer_range: std of the normal init of Linear and Embedding weights (BERT: 0.02).
     num_objects / num_attributes: classes of the masked-object head (the detector's 1600 objects and
-        400 attributes); None leaves that decoder out. predict_features: the feature-regression
-        decoder. num_answers: the pretraining QA head (9500 joint answers), None for none.
+        400 attributes); None leaves that decoder out. predict_features: give the masked-object
+        head the feature-regression decoder (each region's detector feature).
+    num_answers: the pretraining QA head (9500 joint answers), None for none.
     """
 
     vocab_size: int = 30522

@@ -49,7 +49,35 @@ from model.attention import KeyMask, attend, compute_dtype, key_mask, project
 
 @dataclass(frozen=True)
 class VilBertConfig:
-    """ViLBERT sizes. `paper()`: the paper's model (6 co-attention layers); `tiny()`: tests."""
+    """ViLBERT sizes. `paper()`: the paper's model (6 co-attention layers); `tiny()`: tests.
+
+    vocab_size: WordPiece vocabulary size (BERT uncased: 30522).
+    hidden_size: width H of the text stream (BERT-base: 768).
+    num_layers: TRM layers of the text stream (12).
+    num_heads: attention heads per text layer; must divide hidden_size.
+    intermediate_size: width of the text stream's feed-forward layers, co-attention's included.
+    max_position_embeddings: rows of the text position table; text length must not exceed it.
+    type_vocab_size: rows of the text segment table (2: a pair's first and second text).
+    visual_feat_dim: D, the width of one detector region feature (2048 for the BUTD detector).
+    visual_hidden_size: width Hv of the visual stream (1024).
+    visual_num_layers: TRM layers of the visual stream (6).
+    visual_num_heads: attention heads per visual layer; must divide visual_hidden_size.
+    visual_intermediate_size: width of the visual stream's feed-forward layers, co-attention's
+        included.
+    bi_hidden_size: width of the co-attention's queries, keys and values, and of both pooled
+        outputs (h_CLS, h_IMG).
+    bi_num_heads: attention heads per co-attention layer; must divide bi_hidden_size.
+    text_coattn_layers / visual_coattn_layers: co-attention layer k runs just before text layer
+        text_coattn_layers[k] and visual layer visual_coattn_layers[k] (an index equal to the
+        layer count: after the last); equal lengths, one co-attention layer per pair (the paper:
+        6..11 and 0..5, the official t_biattention_id / v_biattention_id).
+    pooler_activation: of the [CLS] and IMG poolers: "relu" (the official code) or "tanh" (BERT).
+    hidden_dropout: dropout on the text and region embeddings and on every sub-layer's output
+        before its residual sum.
+    attention_dropout: dropout on attention probabilities, co-attention's included.
+    layer_norm_eps: epsilon of every LayerNorm (BERT: 1e-12).
+    initializer_range: std of the normal init of Linear and Embedding weights (BERT: 0.02).
+    """
 
     vocab_size: int = 30522
     hidden_size: int = 768  # text stream width

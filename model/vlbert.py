@@ -57,7 +57,35 @@ from model.attention import KeyMask, attend, compute_dtype, key_mask, project
 
 @dataclass(frozen=True)
 class VlBertConfig:
-    """VL-BERT sizes and special ids. `paper()` is VL-BERT-base; `tiny()` is for tests."""
+    """VL-BERT sizes and special ids. `paper()` is VL-BERT-base; `tiny()` is for tests.
+
+    vocab_size: rows of the WordPiece table, the [IMG] and [END] rows included (BERT: 30522).
+    hidden_size: width H of every element's state (768).
+    num_layers: transformer layers of the single stack over text, regions and [END].
+    num_heads: attention heads per layer; must divide hidden_size.
+    intermediate_size: width of the feed-forward layer (3072).
+    max_position_embeddings: rows of the position table; text length T needs T + 2 (the regions
+        share the slot after the text, [END] takes the next).
+    num_segments: rows of the segment table: A (0) and B (1) for text, C for the regions and
+        [END].
+    region_segment_id: the segment of the regions and [END] (C = 2).
+    img_token_id: the word-table row of [IMG], every region's token (BERT's [unused0] = 1).
+    end_token_id: the word-table row of [END], the last element (BERT's [unused1] = 2).
+    visual_feat_dim: D, the width of one detector appearance feature (2048 for the BUTD
+        detector).
+    geometry_dim: G, the width of the sinusoidal box embedding (the paper's 2048); a multiple of
+        8 (4 coordinates x sin / cos).
+    geometry_box_format: the 4 coordinates embedded: "xyxy" corners (the paper's text) or
+        "cxcywh" centre and size (the official code).
+    geometry_wavelength: base of the sinusoids' wavelengths, wavelength^(k / (G / 8)) (1000).
+    geometry_scale: factor on the normalised coordinates before the sinusoids (100).
+    hidden_dropout: dropout on the embeddings and on every sub-layer's output before its
+        residual sum.
+    attention_dropout: dropout on attention probabilities.
+    layer_norm_eps: epsilon of every LayerNorm (BERT: 1e-12).
+    initializer_range: std of the normal init of Linear and Embedding weights, and of the masked
+        RoI's learned feature (BERT: 0.02).
+    """
 
     vocab_size: int = 30522  # WordPiece table, including the [IMG] and [END] rows
     hidden_size: int = 768  # H

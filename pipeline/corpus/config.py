@@ -34,7 +34,12 @@ TRAINING_SPLITS = ("train", "nominival", "vgnococo", "cc3m")
 class CocoFiles:
     """COCO 2014 captions: captions_train2014.json and captions_val2014.json. Their `images`
     lists also say which COCO images are train2014 and which val2014 (needed to place Visual
-    Genome and GQA text of COCO images), so they are read even when "mscoco" is not a source."""
+    Genome and GQA text of COCO images), so they are read even when "mscoco" is not a source.
+
+    captions_train: captions_train2014.json (null: none).
+    captions_val: captions_val2014.json (null: none); its images are split into minival and
+        nominival.
+    """
 
     captions_train: str | None = None
     captions_val: str | None = None
@@ -43,7 +48,15 @@ class CocoFiles:
 @dataclass(frozen=True)
 class VqaFiles:
     """VQA v2: v2_OpenEnded_mscoco_{train,val}2014_questions.json and
-    v2_mscoco_{train,val}2014_annotations.json (each subset: both files or neither)."""
+    v2_mscoco_{train,val}2014_annotations.json (each subset: both files or neither). A subset's
+    questions also say which COCO images it holds, so they are read even when "vqa" is not a
+    source.
+
+    questions_train / annotations_train: v2_OpenEnded_mscoco_train2014_questions.json and
+        v2_mscoco_train2014_annotations.json (null: no train2014 questions).
+    questions_val / annotations_val: v2_OpenEnded_mscoco_val2014_questions.json and
+        v2_mscoco_val2014_annotations.json (null: no val2014 questions).
+    """
 
     questions_train: str | None = None
     annotations_train: str | None = None
@@ -53,8 +66,13 @@ class VqaFiles:
 
 @dataclass(frozen=True)
 class VgFiles:
-    """Visual Genome: image_data.json (the coco_id join; needed by vg, vgqa and gqa),
-    region_descriptions.json (source "vg") and question_answers.json (source "vgqa")."""
+    """Visual Genome's annotation files.
+
+    image_data: image_data.json, the coco_id of each Visual Genome image (needed by the sources
+        vg, vgqa and gqa).
+    region_descriptions: region_descriptions.json, the text of source "vg".
+    question_answers: question_answers.json, the questions of source "vgqa".
+    """
 
     image_data: str | None = None
     region_descriptions: str | None = None
@@ -63,15 +81,22 @@ class VgFiles:
 
 @dataclass(frozen=True)
 class GqaFiles:
-    """GQA balanced questions, e.g. [train_balanced_questions.json, val_balanced_questions.json].
-    The image, not the file, decides a question's corpus split."""
+    """GQA balanced questions.
+
+    questions: the question files, such as [train_balanced_questions.json,
+        val_balanced_questions.json]; the image, not the file, decides a question's corpus split.
+    """
 
     questions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Cc3mFiles:
-    """CC3M as img2dataset writes it: the folder holding {shard:05d}.tar (+ .parquet)."""
+    """CC3M as img2dataset writes it.
+
+    shards: the folder holding {shard:05d}.tar (+ .parquet); only successful downloads'
+        captions are taken (null: none).
+    """
 
     shards: str | None = None
 
@@ -85,8 +110,9 @@ class CorpusConfig:
     sources: the corpus sources to write (mscoco, vg, vqa, gqa, vgqa, cc3m).
     minival_images: COCO val2014 images held out as "minival": the first N by COCO id (all of
         them, with a note, if val2014 has fewer).
-    minival_ids: instead, a text file with one COCO id per line (blank lines and lines starting
-        with '#' ignored), e.g. LXMERT's own minival list; every id must be a val2014 image.
+    minival_ids: the minival images as a text file instead (minival_images is then unused): one
+        COCO id per line (blank lines and lines starting with '#' ignored), e.g. LXMERT's own
+        minival list; every id must be a val2014 image.
     max_answers, min_answer_count: the answer table keeps the max_answers most frequent answers
         of the training questions seen at least min_answer_count times (LXMERT: 9500).
     text_files: plain-text files for VL-BERT's text-only corpus (text.txt), one passage per line;

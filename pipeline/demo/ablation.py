@@ -42,18 +42,25 @@ MATERIAL_WORDS = " made of"
 
 @dataclass(frozen=True)
 class AblationConfig:
-    """The world: world_images / world_seed, min_objects / max_objects per scene, the palette
-    (shapes, colors, materials: three materials, the property under test), vqa_kinds (the kinds
-    of VQA question the world asks; the ablation keeps those about material),
-    vqa_per_image questions per image and minival_images COCO val images held out, on which VQA
-    is scored (only the material questions are kept, for training and scoring).
-    pretrain_epochs: VL-BERT pretraining passes over the corpus. vqa_steps / batch_size / lr:
-    each fine-tuning arm's steps, examples per step and peak learning rate (VL-BERT's VQA rate).
+    """The world: one object per scene in three materials; only its VQA questions about material
+    are kept, for training and scoring.
+
+    world_images: the world's COCO + Visual Genome scenes. world_seed: the world's seed.
+    min_objects / max_objects: the fewest and the most objects in one scene.
+    shapes / colors / materials: the palette objects are drawn from (three materials, the
+    property under test).
+    vqa_kinds: the kinds of VQA question the world asks (the ablation keeps those about
+    material). vqa_per_image: VQA questions per COCO image, of all kinds asked.
+    minival_images: COCO val images held out, on which VQA is scored.
+    pretrain_epochs: VL-BERT pretraining passes over the corpus. vqa_steps: each fine-tuning
+    arm's optimizer steps. batch_size: each arm's examples per step. lr: each arm's peak learning
+    rate (VL-BERT's VQA rate).
     detector_lr_multiplier: the detector's learning rate over the transformer's
     (visual.lr_multiplier; VL-BERT's is 1; here the trunk learns at 1e-3 under a transformer at
     1e-4: with both at 1e-3 the transformer settles on the answer prior before the trunk reads
     material, docs/results.md).
-    threads: torch threads per run; parallel: runs at once, one per core (demo/trainings.py)."""
+    threads: torch threads per run. parallel: runs at once, one per core (demo/trainings.py).
+    """
 
     world_images: int = 1200
     world_seed: int = 7

@@ -40,16 +40,23 @@ REF_SPLITS = ("val", "testA", "testB")
 
 @dataclass(frozen=True)
 class BenchmarksConfig:
-    """The world: world_images / world_seed, objects per scene and the palette (the demo's: the
-    bundled detector sees colour and shape, not material), vcr_fraction / flickr30k_fraction
-    (VCR and Flickr30K scenes per COCO/VG scene), vcr_per_image questions, refs_per_image refs,
-    minival_images held out of pretraining. pretrain_epochs: LXMERT pretraining passes, with
-    matching on captions and region descriptions and masked words only from mlm_from_epoch on
-    (with the masked LM from the start, or from epoch 3 of 6, matching stays at chance on this
-    world, and zero-shot retrieval with it; from epoch 10 of 12 it reaches 0.62 on held-out
-    caption pairs: docs/results.md);
-    vcr_epochs / refcoco_epochs / flickr30k_epochs: fine-tuning passes; batch_size, lr: every
-    fine-tuning run's. threads: torch threads per run; parallel: runs at once."""
+    """The world has the main demo's palette (the bundled detector sees colour and shape, not
+    material), with VCR, RefCOCO+ and Flickr30K added.
+
+    world_images: the world's COCO + Visual Genome scenes. world_seed: the world's seed.
+    min_objects / max_objects: the fewest and the most objects in one scene.
+    shapes / colors / materials: the palette objects are drawn from.
+    vcr_fraction / flickr30k_fraction: VCR and Flickr30K scenes per COCO/VG scene.
+    vcr_per_image: VCR questions per VCR image, at most. refs_per_image: the most RefCOCO+ refs on
+    one COCO image. minival_images: COCO val images held out of pretraining.
+    pretrain_epochs: LXMERT pretraining passes, with matching on captions and region
+    descriptions. mlm_from_epoch: the first pretraining epoch (0-based) with masked words (with
+    the masked LM from the start, or from epoch 3 of 6, matching stays at chance on this world,
+    and zero-shot retrieval with it; from epoch 10 of 12 it reaches 0.62 on held-out caption
+    pairs: docs/results.md). vcr_epochs / refcoco_epochs / flickr30k_epochs: the VCR, RefCOCO+
+    and Flickr30K fine-tuning's passes. batch_size: examples per step of every fine-tuning run.
+    lr: the peak learning rate of every fine-tuning run. threads: torch threads per run.
+    parallel: runs at once, each in its own process (1: one after another, in this process)."""
 
     world_images: int = 600
     world_seed: int = 7

@@ -40,12 +40,22 @@ MODELS = {
 
 @dataclass(frozen=True)
 class GroundingConfig:
-    """The world: the main demo's (pipeline/demo/recipe.py DemoConfig: world_images, world_seed,
-    objects per scene, palette, VQA questions), with flickr30k_fraction Flickr30K scenes per
-    COCO/VG scene. VisualBERT: hidden_size, num_layers x num_heads, pretrained visualbert_epochs
-    passes over the COCO captions at visualbert_lr. LXMERT: the main demo's, pretrained and
-    fine-tuned on VQA (DemoConfig's epochs). split: the Flickr30K Entities split analysed (the
-    paper's: val). threads: torch threads per training run; parallel: runs at once."""
+    """The world is the main demo's (pipeline/demo/recipe.py DemoConfig), with Flickr30K scenes
+    added; the LXMERT is the main demo's, pretrained and fine-tuned on VQA (DemoConfig's epochs).
+
+    world_images: the world's COCO + Visual Genome scenes. world_seed: the world's seed.
+    min_objects / max_objects: the fewest and the most objects in one scene.
+    shapes / colors / materials: the palette objects are drawn from.
+    vqa_per_image: VQA questions per COCO image, for the LXMERT's fine-tuning.
+    flickr30k_fraction: Flickr30K scenes (with Flickr30K Entities) per COCO/VG scene.
+    minival_images: COCO val images held out from pretraining and fine-tuning, on which VQA is
+    scored. hidden_size / num_layers / num_heads: the VisualBERT's width, layers and attention
+    heads (its feed-forward width is 2 x hidden_size). visualbert_epochs: the VisualBERT's
+    pretraining passes over the COCO captions. visualbert_lr: the VisualBERT's peak
+    pretraining learning rate.
+    split: the Flickr30K Entities split analysed (the paper's: val).
+    threads: torch threads per training run. parallel: training runs at once, each in its own
+    process (1: one after another, in this process)."""
 
     world_images: int = 600
     world_seed: int = 7

@@ -17,15 +17,19 @@ VARIANTS = ("pretrained", "scratch", "language_only")
 
 @dataclass(frozen=True)
 class DemoConfig:
-    """The world: world_images / world_seed (the bundled detector was trained on seed 0's default
-    world); min_objects / max_objects per scene and the palette (shapes, colors, materials): a
-    small world, so the hidden-64 model learns it in the demo's minutes (one material, because
-    the bundled detector does not see material: docs/results.md, "Where learning stands");
-    vqa_per_image: VQA questions asked per image; nlvr2_sentences_per_set: NLVR2 statements
+    """The main demo: a small world, so the hidden-64 model learns it in the demo's minutes.
+
+    world_images: the world's COCO + Visual Genome scenes. world_seed: the world's seed (the
+    bundled detector was trained on seed 0's default world).
+    min_objects / max_objects: the fewest and the most objects in one scene.
+    shapes / colors / materials: the palette objects are drawn from (one material, because the
+    bundled detector does not see material: docs/results.md, "Where learning stands").
+    vqa_per_image: VQA questions asked per COCO image. nlvr2_sentences_per_set: NLVR2 statements
     written for each set of four image pairs. minival_images: COCO val images held out from
     pretraining and fine-tuning, on which VQA is scored. engine: the extraction engine (ray or
     local).
-    pretrain_epochs / vqa_epochs / nlvr2_epochs: passes over the data; batch_size: fine-tuning
+    pretrain_epochs: the LXMERT's pretraining passes over the corpus. vqa_epochs / nlvr2_epochs:
+    the VQA and the NLVR2 fine-tuning's passes over their training sets. batch_size: fine-tuning
     examples per step. cross_layers: the small LXMERT's cross-modality layers (its language and
     object encoders have 2 and 1); a second one answered relation and shape questions sooner.
     threads: torch threads per training run (0: all cores); one, because these

@@ -68,7 +68,14 @@ EVAL_SELECTION = SelectionConfig(
 @dataclass(frozen=True)
 class DetectorOptimConfig:
     """AdamW with linear warmup then cosine decay to zero over `steps` steps of `batch_size`
-    images. Weight decay applies to conv and linear weights, not to norms or biases."""
+    images. Weight decay applies to conv and linear weights, not to norms or biases.
+
+    steps: optimiser steps of the whole run. batch_size: images per step, of similar aspect
+    ratios. lr: the peak learning rate, reached at the end of the warmup. weight_decay: AdamW's
+    decoupled weight decay of the conv and linear weights. warmup_steps: steps of the linear
+    warmup from 0 to lr. grad_clip: max global L2 norm of the gradients, clipped at every step.
+    hflip: flip each training image horizontally with its boxes, with probability 0.5.
+    """
 
     steps: int = 2000
     batch_size: int = 4

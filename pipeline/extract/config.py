@@ -36,7 +36,9 @@ class EngineConfig:
         "local" (one process).
     device: "auto" (cuda if available), "cpu", "cuda", "cuda:N". With Ray, "auto" and "cuda" mean
         the GPUs Ray assigns each actor.
-    precision: autocast on GPU.
+    precision: "fp32", or "bf16" / "fp16": the CNN under autocast on a GPU (ignored on the CPU);
+        boxes and probabilities are computed in float32 either way.
+    seed: the random initialisation of a detector given no weights (--random-weights).
     batch_size: images per detector batch, cut from the start of each shard.
     decode_threads: the local engine's decoding threads. None = 2 when the detector runs on the
         CPU (they share its cores), else one per CPU this process may use, up to 8 (decoding takes
@@ -78,7 +80,15 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class ExtractJobConfig(ExtractorConfig):
-    """An extraction run: the extractor's own config plus how to run it and where to write."""
+    """An extraction run: the extractor's own config plus how to run it and where to write.
+
+    preset: the named convention (caffe, lxmert, pb-demo, hf-demo: extractor/config.py PRESETS)
+        whose preprocessing and selection are the defaults that --config and --set change;
+        recorded in every shard.
+    save_class_probs: also save each region's class distribution over background and the
+        objects (`cls_probs`, background first), which ViLBERT's and VL-BERT's masked-region
+        objectives learn from.
+    """
 
     run: EngineConfig = field(default_factory=EngineConfig)
     output: OutputConfig = field(default_factory=OutputConfig)

@@ -28,8 +28,9 @@ class DataConfig:
 
     corpus: a directory written by `pipeline corpus build`. shards: feature shard directories, e.g.
     the COCO and the Visual Genome extractions (a corpus image key is a shard key, `coco-9`).
-    train_splits / val_split: corpus splits to train on and to validate on (LXMERT's minival is
-    held out from everything). sources: corpus sources to use; empty = all.
+    train_splits: corpus splits to train on (LXMERT's: train, nominival, vgnococo).
+    val_split: the corpus split to validate on (LXMERT's minival, held out from everything).
+    sources: corpus sources to use; empty = all.
     batch_size: pairs per optimizer step summed over workers and accumulation steps (LXMERT 256).
     max_boxes: regions per image (the first, best-ranked). max_text_length: wordpieces per text,
     [CLS] and [SEP] included (LXMERT 20). shuffle_buffer: pairs per worker mixed before batching.
@@ -54,8 +55,8 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class PretrainConfig:
-    """arch: lxmert | visualbert | vlbert | vilbert. model / objective: that architecture's config
-    dataclasses (see the module docstring)."""
+    """arch: the architecture pretrained, lxmert | visualbert | vlbert | vilbert. model /
+    objective: that architecture's config dataclasses (see the module docstring)."""
 
     arch: str = "lxmert"
     model: Any = None

@@ -71,10 +71,12 @@ _STATIC_ANSWERS = 10
 
 @dataclass(frozen=True)
 class LxmertObjectiveConfig:
-    """LXMERT's pretraining tasks; defaults are the paper's (REFERENCE §3).
+    """LXMERT's pretraining tasks; defaults are the paper's (REFERENCE §3). A task switched off
+    adds no loss and no metric.
 
-    mlm / matching / object_prediction / qa: switch each task on; a task that is off adds no
-        loss and no metric.
+    mlm: the masked language model. matching: cross-modality matching (is the sentence this
+    image's?). object_prediction: masked object prediction (the targets in visual_losses).
+    qa: image question answering over the corpus's answer table.
     word_mask_prob: share of wordpieces masked (never [CLS], [SEP], [PAD]).
     object_mask_prob: share of real regions masked.
     match_replace_prob: share of rows whose sentence is replaced by another image's.
@@ -94,7 +96,10 @@ class LxmertObjectiveConfig:
     visual_loss_weight: factor on each visual loss (1 / 0.15 officially, undoing the mean over all
         regions of which about 15% count). With "masked" weighting the losses are already means
         over masked regions, so this factor then makes them larger than the official ones.
-    confidence_weighting: "official" or "masked" (module docstring).
+    confidence_weighting: of the object and attribute losses: "official" weights the CE by the
+        detector's confidence over every real region, masked or not, averaged over all B * N
+        positions (the official code); "masked" takes the masked regions only, weighted by
+        confidence, divided by the weights' sum.
     """
 
     mlm: bool = True
