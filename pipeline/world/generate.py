@@ -128,9 +128,10 @@ class WorldConfig:
 
     images: COCO + Visual Genome scenes (Visual Genome holds them all).
     seed: every random choice (scenes, texts, splits): the same config and seed write
-    byte-identical files. coco_fraction: share of them that are COCO images;
+    byte-identical files. coco_fraction: share of the scenes that are also COCO images.
     coco_val_fraction: share of the COCO images in val2014. vg_100k_2_fraction: share of the
-    Visual Genome images stored in VG_100K_2. min_objects / max_objects: objects per scene.
+    Visual Genome images stored in VG_100K_2. min_objects / max_objects: the fewest and the most
+    objects in one scene.
     shapes / colors / materials: the palette objects are drawn from (scene.Palette; default all).
     captions_per_image: captions of each COCO image and of each Flickr30K image.
     vqa_per_image: VQA questions per COCO image (fewer where a scene offers fewer distinct ones).
@@ -140,7 +141,8 @@ class WorldConfig:
     questions is asked whole or not at all).
     nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls per COCO/VG scene.
     nlvr2_sentences_per_set: NLVR2 sentences written for each set of four pairs (every one is
-    an item with each pair). cc3m_failed_fraction: urls that fail to download (at least one).
+    an item with each pair). cc3m_failed_fraction: share of the CC3M urls that fail to download
+    (at least one).
     cc3m_samples_per_shard: CC3M urls per img2dataset shard (.tar, .parquet, _stats.json).
     jpeg_quality: quality (1..95) of every JPEG written: COCO / Visual Genome, VCR, Flickr30K
     and CC3M images (NLVR2's are PNG).
