@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import re
 import sys
 from types import ModuleType
@@ -168,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         hint = getattr(VERBS[args.verb], "ON_INTERRUPT", "")
         print(f"pipeline: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `pipeline ... | head` stopped reading: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit
+        return 141
     except tuple(USER_ERRORS) as err:
         kind = next(label for error, label in USER_ERRORS.items() if isinstance(err, error))
         print(f"pipeline: {kind}: {err}", file=sys.stderr)

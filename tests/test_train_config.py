@@ -22,7 +22,7 @@ VERBS = {"pretrain": ["pretrain", "--config", str(TINY)], "finetune": ["finetune
         (["--set", "optim.lr=-1"], "optim.lr = -1.0: must be positive"),
         (["--set", "optim.warmup_fraction=2"], "optim.warmup_fraction = 2.0: must be <= 1"),
         (["--set", "optim.betas=[0.9, 1.5]"], "optim.betas = [0.9, 1.5]: each must be in [0, 1)"),
-        (["--workers", "-1"], "run.workers = -1: must be >= 0"),
+        (["--workers", "-2"], "run.workers = -2: must be >= 0, or -1 (auto)"),
         (["--set", "run.checkpoint_every=0"], "run.checkpoint_every = 0: must be positive"),
         (["--set", "data.batch_size=-8"], "data.batch_size = -8: must be positive"),
     ],
