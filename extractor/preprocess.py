@@ -11,6 +11,7 @@ Face demo).
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageFile, ImageOps
 
 from extractor.canvases import round_up
 from extractor.config import PreprocessConfig
@@ -97,10 +98,26 @@ def decode_image(data: bytes, path: str, cfg: PreprocessConfig = PreprocessConfi
     Colour handling: grayscale is replicated to three channels; palette and CMYK go through PIL's
     RGB conversion; 16-bit grayscale is scaled to 8 bits (v / 257, rounded: 65535 -> 255); alpha
     (RGBA, LA, palette transparency) is composited on white, as a viewer shows a transparent
-    PNG on a white page. Raises ImageError for empty or unrecognised data, truncated or corrupt
-    data, more than cfg.max_pixels pixels (checked from the header, before decoding), or a short
-    side below cfg.min_side pixels before or after the resize of `cfg`. Raises RuntimeError if
-    PIL.ImageFile.LOAD_TRUNCATED_IMAGES was switched on, since PIL would then pad truncated files.
+    PNG on a white page.
+
+    Raises ImageError, its reason "<kind>" or "<kind>: <detail>" (extraction's summary counts
+    failures by kind), the kinds being:
+        empty file (0 bytes)
+        not a recognised image format        no format PIL reads starts as these bytes do
+        unsupported image format: ...        one does, but this PIL was built without it
+        truncated {FORMAT} header|data: ...  PIL ran out of bytes (EOFError, or its message says
+                                             truncated): the file is cut short, or a length in it
+                                             points past its end
+        corrupt {FORMAT} header|data: ...    PIL recognised the format (by its signature) but
+                                             could not parse the header or decode the pixels
+        corrupt EXIF data: ...               PIL fails applying the EXIF orientation
+        decompression bomb: ...              more than cfg.max_pixels pixels, or more than PIL
+                                             allows (checked from the header, before decoding)
+        too small: ...                       a short side below cfg.min_side pixels
+        aspect ratio too extreme: ...        a short side below cfg.min_side after the resize
+        unsupported image mode: ...          float samples, or a mode PIL cannot make RGB
+    Raises RuntimeError if PIL.ImageFile.LOAD_TRUNCATED_IMAGES was switched on, since PIL would
+    then pad truncated files.
     """
     if not data:
         raise ImageError(path, "empty file (0 bytes)")
@@ -108,31 +125,76 @@ def decode_image(data: bytes, path: str, cfg: PreprocessConfig = PreprocessConfi
         raise RuntimeError(
             "PIL.ImageFile.LOAD_TRUNCATED_IMAGES is on: truncated files would be padded silently"
         )
-    try:
-        with warnings.catch_warnings():
-            # Our max_pixels check below replaces PIL's warning; PIL's own error (above twice
-            # Image.MAX_IMAGE_PIXELS) still applies, so a larger max_pixels needs that raised too.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-    except Image.DecompressionBombError as exc:
-        raise ImageError(path, f"decompression bomb refused by PIL: {exc}") from exc
-    except UnidentifiedImageError as exc:
-        raise ImageError(path, "not a recognised image format") from exc
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageError(path, f"corrupt image header ({exc})") from exc
+    image = _open(data, path)
     width, height = image.size
     if width * height > cfg.max_pixels:
         raise ImageError(
             path,
-            f"{width}x{height} = {width * height} pixels exceeds the limit of {cfg.max_pixels}",
+            f"decompression bomb: {width}x{height} = {width * height} pixels exceeds the limit of "
+            f"{cfg.max_pixels} (preprocess.max_pixels)",
         )
     _check_sides(path, height, width, cfg)
     try:
         image.load()  # decode now, so truncation raises here instead of being padded later
+    except _PIL_ERRORS as exc:
+        raise ImageError(path, _failure(image.format, "data", exc)) from exc
+    try:
         image = ImageOps.exif_transpose(image)
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageError(path, f"truncated or corrupt image data ({exc})") from exc
+    except _PIL_ERRORS as exc:
+        raise ImageError(path, f"corrupt EXIF data: {_message(exc)}") from exc
     return np.ascontiguousarray(_to_rgb(image, path)[..., ::-1])
+
+
+# What PIL raises for bytes it cannot parse: its plugins' own errors, and the struct, index and
+# type errors of reading fields that are not there (Image.open skips a format that raises those).
+_PIL_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, struct.error)
+
+
+def _open(data: bytes, path: str) -> Image.Image:
+    """Image.open (reads the header only), its failures as ImageError (see decode_image)."""
+    try:
+        with warnings.catch_warnings():
+            # Our max_pixels check replaces PIL's warning; PIL's own error (above twice
+            # Image.MAX_IMAGE_PIXELS) still applies, so a larger max_pixels needs that raised too.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            return Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError as exc:
+        raise ImageError(path, f"decompression bomb: refused by PIL: {exc}") from exc
+    except _PIL_ERRORS as exc:
+        # PIL says only "cannot identify image file" when the format whose signature the bytes
+        # carry fails to parse its header: that format, asked again, says why.
+        raise ImageError(path, _header_failure(data) or "not a recognised image format") from exc
+
+
+def _header_failure(data: bytes) -> str | None:
+    """Why the first format whose signature `data` carries, and which fails to open it, fails, as
+    a reason; None when there is none (no format's signature matches)."""
+    prefix = data[:16]  # what Image.open shows each format's signature check
+    Image.init()  # every format, as Image.open loads them all before it gives up
+    for name in Image.ID:
+        factory, accept = Image.OPEN[name]
+        if accept is None:  # formats without a signature (TGA, ...) would claim any bytes
+            continue
+        claimed = accept(prefix)
+        if isinstance(claimed, str):  # PIL's word that the format's library is not installed
+            return f"unsupported image format: {claimed}"
+        if claimed:
+            try:
+                factory(io.BytesIO(data), "")
+            except _PIL_ERRORS as exc:
+                return _failure(name, "header", exc)
+    return None
+
+
+def _failure(image_format: str, part: str, exc: BaseException) -> str:
+    """"truncated JPEG data: <PIL's message>", or "corrupt ..." (see decode_image)."""
+    message = _message(exc)
+    truncated = isinstance(exc, EOFError) or "truncated" in message.lower()
+    return f"{'truncated' if truncated else 'corrupt'} {image_format} {part}: {message}"
+
+
+def _message(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
 
 
 def resize_image(
@@ -301,7 +363,8 @@ def resized_shape(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, 
 def _check_sides(path: str, height: int, width: int, cfg: PreprocessConfig) -> None:
     if min(height, width) < cfg.min_side:
         raise ImageError(
-            path, f"{width}x{height} is smaller than the minimum side of {cfg.min_side} px"
+            path,
+            f"too small: {width}x{height} is smaller than the minimum side of {cfg.min_side} px",
         )
     new_height, new_width = resized_shape(height, width, cfg)
     if min(new_height, new_width) < cfg.min_side:
@@ -316,7 +379,7 @@ def _to_rgb(image: Image.Image, path: str) -> np.ndarray:
     """(H, W, 3) uint8 RGB from any PIL mode we accept."""
     mode = image.mode
     if mode == "F":
-        raise ImageError(path, "unsupported image mode F (float samples have no agreed range)")
+        raise ImageError(path, "unsupported image mode: F (float samples have no agreed range)")
     if mode in _SIXTEEN_BIT_MODES:
         # "I" holds 16-bit PNG/TIFF samples widened to int32; values outside 0..65535 are clipped.
         values = np.asarray(image).astype(np.int64).clip(0, 65535)
@@ -332,4 +395,4 @@ def _to_rgb(image: Image.Image, path: str) -> np.ndarray:
     try:
         return np.asarray(image.convert("RGB"))
     except ValueError as exc:
-        raise ImageError(path, f"unsupported image mode {mode}") from exc
+        raise ImageError(path, f"unsupported image mode: {mode}") from exc

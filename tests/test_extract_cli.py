@@ -14,9 +14,12 @@ import torch
 from PIL import Image
 from skimage import data
 
+from extractor.config import PreprocessConfig
 from pipeline.cli import main
 from pipeline.common.config import ConfigError
+from pipeline.datasets import ImageRef
 from pipeline.extract.output import OutputLock
+from pipeline.extract.steps import prepare
 from shards.reader import iter_samples
 from shards.store import INDEX_NAME, FeatureStore
 from shards.verify import verify_shards
@@ -56,11 +59,41 @@ def _run(photo_folder, out, *extra, random_weights=True):
                  *TINY, *weights, *extra])
 
 
+def _failures(summary: str) -> list[str]:
+    """The summary's lines from its count of images ok and failed to where every failure is."""
+    lines = summary.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("  images ok:"))
+    last = next(i for i, line in enumerate(lines) if line.startswith("  every image's outcome"))
+    return lines[first : last + 1]
+
+
+def _photo_folder_failures(root: Path, out: Path) -> list[str]:
+    """What the summary says of photo_folder's failures: kinds by count (ties in shard order),
+    each with its files."""
+    return [
+        "  images ok: 3   failed: 5",
+        "    1 x decompression bomb",
+        f"        {root}/bomb.png: refused by PIL: Image size (400000000 pixels) exceeds limit of "
+        "178956970 pixels, could be decompression bomb DOS attack.",
+        "    1 x too small",
+        f"        {root}/dot.png: 1x1 is smaller than the minimum side of 16 px",
+        "    1 x empty file (0 bytes)",
+        f"        {root}/empty.jpg",
+        "    1 x not a recognised image format",
+        f"        {root}/notes.jpg",
+        "    1 x truncated JPEG data",
+        f"        {root}/truncated.jpg: image file is truncated (0 bytes not processed)",
+        f"  every image's outcome and error: its shard's *_status.json in {out}",
+    ]
+
+
 def test_bad_images_are_recorded_and_the_rest_is_written(photo_folder, tmp_path, capsys):
     out = tmp_path / "feats"
     assert _run(photo_folder, out) == 0
     summary = capsys.readouterr().out
-    assert "images ok: 3   failed: 5" in summary
+    assert _failures(summary) == _photo_folder_failures(photo_folder, out)
+    log = [line.split(" ", 2)[2] for line in (out / "extract.log").read_text().splitlines()]
+    assert _failures("\n".join(log)) == _photo_folder_failures(photo_folder, out)
 
     samples = {s.meta["image_id"]: s for s in iter_samples(out)}
     assert sorted(samples) == ["astronaut", "camera", "sub/coffee"]
@@ -79,6 +112,18 @@ def test_bad_images_are_recorded_and_the_rest_is_written(photo_folder, tmp_path,
         assert name in reason  # every reason names its file
 
 
+def test_an_unreadable_file_and_an_image_without_given_boxes_name_their_kind(photo_folder,
+                                                                            tmp_path):
+    """Failures before and after decoding read "<location>: <kind>: <detail>" too, as the
+    summary's count by kind expects."""
+    gone = tmp_path / "gone.jpg"
+    item = prepare(ImageRef("folder", "gone", gone), PreprocessConfig())
+    assert item.error == f"{gone}: unreadable: [Errno 2] No such file or directory: '{gone}'"
+    photo = photo_folder / "camera.jpg"
+    item = prepare(ImageRef("folder", "camera", photo), PreprocessConfig(), given_boxes={})
+    assert item.error == f"{photo}: no boxes given: none for image id 'camera'"
+
+
 def test_strict_exits_non_zero_on_failures(photo_folder, tmp_path):
     assert _run(photo_folder, tmp_path / "feats", "--strict") == 1
 
@@ -91,14 +136,49 @@ def test_the_summary_and_strict_cover_the_whole_folder(photo_folder, tmp_path, c
     capsys.readouterr()
     assert _run(photo_folder, out, "--strict") == 1  # nothing left to extract, 5 failed before
     summary = capsys.readouterr().out
-    assert "images ok: 3   failed: 5" in summary and "this run: 0 ok, 0 failed" in summary
-    reasons = [line for line in summary.splitlines() if line.startswith("    ") and " x " in line]
-    assert sum(int(line.split(" x ")[0]) for line in reasons) == 5  # by reason, every run's
+    assert _failures(summary) == _photo_folder_failures(photo_folder, out)  # every run's files
+    assert "this run: 0 ok, 0 failed" in summary
     (out / "00001.tar").unlink()  # as a run killed before that shard finished leaves it
     (out / "00001_stats.json").unlink()
     assert _run(photo_folder, out, "--strict") == 1
     summary = capsys.readouterr().out
-    assert "resumed: 2 finished shard(s) kept" in summary and "images ok: 3   failed: 5" in summary
+    assert "resumed: 2 finished shard(s) kept" in summary
+    assert _failures(summary) == _photo_folder_failures(photo_folder, out)
+
+
+def test_the_summary_names_a_few_failed_files_of_each_kind(photo_folder, tmp_path, capsys):
+    """Three files of a kind, then how many more: every failure is in the status files. A JPEG
+    with garbage for its compressed pixels, or for its header, is corrupt, not unrecognised."""
+    root = tmp_path / "mixed"
+    root.mkdir()
+    good = (photo_folder / "astronaut.jpg").read_bytes()
+    (root / "good.jpg").write_bytes(good)
+    for i in range(5):
+        (root / f"empty{i}.jpg").write_bytes(b"")
+    noise = np.random.default_rng(0).integers(0, 256, len(good), dtype=np.uint8).tobytes()
+    scan = good.index(b"\xff\xda")  # start of scan: the compressed pixels follow its header
+    pixels = scan + 2 + int.from_bytes(good[scan + 2 : scan + 4], "big")
+    (root / "garbage_pixels.jpg").write_bytes(good[:pixels] + noise[: len(good) - pixels])
+    (root / "garbage_header.jpg").write_bytes(good[:3] + noise[:5000])
+    out = tmp_path / "feats"
+    assert _run(root, out) == 0
+    assert _failures(capsys.readouterr().out) == [
+        "  images ok: 1   failed: 7",
+        "    5 x empty file (0 bytes)",
+        f"        {root}/empty0.jpg",
+        f"        {root}/empty1.jpg",
+        f"        {root}/empty2.jpg",
+        "        ... and 2 more",
+        "    1 x corrupt JPEG header",
+        f"        {root}/garbage_header.jpg: no marker found",
+        "    1 x corrupt JPEG data",
+        f"        {root}/garbage_pixels.jpg: broken data stream when reading image file",
+        f"  every image's outcome and error: its shard's *_status.json in {out}",
+    ]
+    statuses = [s for p in sorted(out.glob("*_status.json"))
+                for s in json.loads(p.read_text())["images"]]
+    assert [s["error"] for s in statuses if s["image_id"] in ("empty3", "empty4")] == [
+        f"{root}/empty3.jpg: empty file (0 bytes)", f"{root}/empty4.jpg: empty file (0 bytes)"]
 
 
 def test_rerun_resumes_without_duplicates(photo_folder, tmp_path, capsys):

@@ -18,10 +18,12 @@ import pytest
 from PIL import Image
 from skimage import data
 
+import pipeline.extract.job
 from pipeline.cli import main
 from pipeline.common.config import ConfigError
 from pipeline.extract.config import EngineConfig
 from pipeline.extract.ray_engine import RayLayout, plan_layout
+from progress_bars import RecordingBar
 from shards.verify import verify_shards
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,7 +150,9 @@ def _finished_shards(out: Path) -> int:
 
 
 @pytest.mark.ray
-def test_ray_run_equals_local_run_and_records_bad_images(images, reference, tmp_path, capsys):
+def test_ray_run_equals_local_run_and_records_bad_images(images, reference, tmp_path, capsys,
+                                                          monkeypatch):
+    monkeypatch.setattr(pipeline.extract.job, "tqdm", RecordingBar)
     out = tmp_path / "ray"
     assert main(_argv(images, out)) == 0
     summary = capsys.readouterr().out
@@ -159,10 +163,17 @@ def test_ray_run_equals_local_run_and_records_bad_images(images, reference, tmp_
     status = json.loads((out / "00001_status.json").read_text())["images"]
     assert [(s["image_id"], s["status"]) for s in status] == [
         ("im04", "ok"), ("im05", "ok"), ("im06", "failed"), ("im07", "ok")]
-    assert "im06.jpg: truncated or corrupt image data" in status[2]["error"]
+    assert "im06.jpg: truncated JPEG data: image file is truncated" in status[2]["error"]
     log = (out / "extract.log").read_text()
     for line in ("engine ray", "shard 00004: 4 ok, 0 failed", "failed ", "images ok: 19"):
         assert line in log
+    # The bar's stage: what the driver waits on (it cannot tell a unit's decoding from its
+    # detection), then each unit's writing.
+    stages = ["batch 1/10: starting Ray"]
+    for unit in range(1, 11):
+        stages += [f"batch {unit}/10: decode, detector (Ray)", f"batch {unit}/10: write"]
+    assert RecordingBar.last.postfixes == [*stages, ""]
+    assert RecordingBar.last.updates == [2] * 10
 
 
 @pytest.mark.ray

@@ -129,8 +129,6 @@ def run(args: argparse.Namespace) -> int:
     # The folder's totals, every run's: --strict fails a re-run of a run that had failures.
     totals = tally.folder
     print(format_summary(tally, as_path(args.out)))
-    if totals.failures:
-        print(f"  each image's outcome and error is in its shard's *_status.json under {args.out}")
     if totals.failures and not totals.ok:
         raise DatasetError(
             f"no image of {args.root} was extracted: all {totals.failures} failed (the reasons "

@@ -32,6 +32,7 @@ from pipeline.extract.output import (
     save_job_config,
 )
 from pipeline.extract.plan import plan_shards, plan_units
+from pipeline.extract.progress import ExtractProgress
 from shards.storage import as_path, is_url, make_dirs
 from shards.writer import completed_shards, write_manifest
 
@@ -95,10 +96,11 @@ def extract_refs(
             f"{len(refs)} images in {len(plan)} shards, "
             f"{tally.skipped_shards} done before; run config {to_dict(job.run)}"
         )
-        progress = tqdm(
+        bar = tqdm(
             total=sum(len(u.refs) for u in units), unit="img", desc="extract",
             disable=not show_progress,
         )
+        progress = ExtractProgress(bar, len(units))
         sink = ShardSink(out_dir, job, detector, tally, log, progress)
         try:
             if job.run.engine == "local":

@@ -13,6 +13,7 @@ from extractor.extractor import Extractor
 from pipeline.extract.config import ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
+from pipeline.extract.progress import ExtractProgress
 from pipeline.extract.steps import (
     InFlight, Prepared, finish_batch, prepare, ship_pixels, submit_batch,
 )
@@ -45,36 +46,41 @@ class LocalEngine:
         """Decoding threads ahead of the detector; the detector here, on a GPU with the next
         batch submitted before the current one is collected (so the GPU has queued work while
         the host assembles results); shard writing in one more thread behind it (in plan order;
-        the sink and its tally are only touched there)."""
-        written: deque[Future] = deque()
+        the sink and its tally are only touched there). The progress bar's stage is what this
+        thread waits on: a batch's decoding, the detector, or (at most AHEAD batches behind) a
+        batch's writing."""
+        progress = sink.progress
+        written: deque[tuple[int, Future]] = deque()  # (batch number, its writing)
         with ThreadPoolExecutor(self._decode_threads()) as pool, \
                 ThreadPoolExecutor(1) as writer:
             try:
                 in_flight = None  # the batch on the device while the next one is submitted
-                for unit, items in zip(units, self._prepared(pool, units)):
+                prepared = self._prepared(pool, units, progress)
+                for number, (unit, items) in enumerate(zip(units, prepared)):
+                    progress.stage(number, "detector")
                     flight = submit_batch(self.extractor, items)
                     if in_flight is not None:
                         written.append(self._finish(writer, sink, *in_flight))
-                    in_flight = (unit, items, flight)
+                    in_flight = (number, unit, items, flight)
                     if not self.pipelined:  # finished at once
                         written.append(self._finish(writer, sink, *in_flight))
                         in_flight = None
-                    while len(written) > self.AHEAD or (written and written[0].done()):
-                        written.popleft().result()  # a writing error stops the run here
+                    while len(written) > self.AHEAD or (written and written[0][1].done()):
+                        _wait_written(written.popleft(), progress)
                 if in_flight is not None:
                     written.append(self._finish(writer, sink, *in_flight))
                 while written:
-                    written.popleft().result()
+                    _wait_written(written.popleft(), progress)
             finally:
-                for future in written:
+                for _, future in written:
                     future.cancel()
 
-    def _finish(self, writer: ThreadPoolExecutor, sink: ShardSink, unit: Unit,
-                items: list[Prepared], flight: InFlight) -> Future:
+    def _finish(self, writer: ThreadPoolExecutor, sink: ShardSink, number: int, unit: Unit,
+                items: list[Prepared], flight: InFlight) -> tuple[int, Future]:
         """Collect a submitted batch here, and queue its writing."""
         seconds: Counter = Counter()
         finish_batch(self.extractor, flight, seconds)
-        return writer.submit(_write, sink, unit, items, seconds)
+        return number, writer.submit(_write, sink, unit, items, seconds)
 
     def _decode_threads(self) -> int:
         """run.decode_threads, or its default (see RunConfig)."""
@@ -84,14 +90,33 @@ class LocalEngine:
             return 2
         return max(1, min(8, len(os.sched_getaffinity(0))))
 
-    def _prepared(self, pool: ThreadPoolExecutor, units: list[Unit]) -> Iterator[list[Prepared]]:
+    def _prepared(self, pool: ThreadPoolExecutor, units: list[Unit],
+                  progress: ExtractProgress) -> Iterator[list[Prepared]]:
+        """Each unit's prepared items in turn, their decoding queued AHEAD units ahead."""
         pending: deque = deque()
-        for unit in units:
-            pending.append([pool.submit(self._prepare, ref) for ref in unit.refs])
+        for number, unit in enumerate(units):
+            pending.append((number, [pool.submit(self._prepare, ref) for ref in unit.refs]))
             if len(pending) > self.AHEAD:
-                yield [future.result() for future in pending.popleft()]
+                yield _decoded(*pending.popleft(), progress)
         while pending:
-            yield [future.result() for future in pending.popleft()]
+            yield _decoded(*pending.popleft(), progress)
+
+
+def _decoded(number: int, futures: list[Future], progress: ExtractProgress) -> list[Prepared]:
+    """Batch `number`'s decoded items, its stage counting them as they arrive."""
+    items = []
+    for future in futures:
+        progress.stage(number, f"decode {len(items)}/{len(futures)}")
+        items.append(future.result())
+    return items
+
+
+def _wait_written(entry: tuple[int, Future], progress: ExtractProgress) -> None:
+    """Wait for a batch's writing; a writing error stops the run here."""
+    number, future = entry
+    if not future.done():
+        progress.stage(number, "write")
+    future.result()
 
 
 def _write(sink: ShardSink, unit: Unit, items: list[Prepared], seconds: Counter) -> None:

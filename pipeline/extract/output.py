@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 import yaml
-from tqdm import tqdm
 
 from pipeline.common.config import ConfigError, to_dict
 from pipeline.extract.config import ExtractJobConfig
 from pipeline.extract.plan import Unit
+from pipeline.extract.progress import ExtractProgress
 from pipeline.extract.steps import Prepared
 from shards.schema import build_sample
 from shards.storage import Location, is_url, staging_file, upload, write_json_atomic
@@ -167,7 +167,7 @@ class ExtractLog:
 class Tally:
     """What a run did, for the summary and the benchmark.
 
-    failed: failures counted by reason (the error without the image's location).
+    failed: failures counted by kind (split_reason).
     boxes: boxes per written sample. seconds: summed seconds per stage (decode, preprocess, the
     Extractor's STAGES, write). timeline: (time.perf_counter(), images extracted, images failed)
     as each unit was written. warmup_seconds: `seconds` once the first unit was written (the
@@ -198,7 +198,7 @@ class ShardSink:
 
     def __init__(
         self, out_dir: Location, job: ExtractJobConfig, detector: dict, tally: Tally, log: ExtractLog,
-        progress: tqdm,
+        progress: ExtractProgress,
     ):
         self.out_dir = out_dir
         self.job = job
@@ -233,7 +233,7 @@ class ShardSink:
                 self.status.append(entry | {"status": "ok", "key": sample.key, "error": None})
             else:
                 self.writer.add_failure(item.ref.location, item.error)
-                self.tally.failed[item.error.split(": ", 1)[-1]] += 1
+                self.tally.failed[split_reason(item.ref.location, item.error)[0]] += 1
                 self.log.write(f"failed {item.error}")
                 self.status.append(entry | {"status": "failed", "key": None, "error": item.error})
         if unit.last:
@@ -243,7 +243,7 @@ class ShardSink:
         self.tally.timeline.append((time.perf_counter(), extracted, len(items) - extracted))
         if len(self.tally.timeline) == 1:
             self.tally.warmup_seconds = Counter(self.tally.seconds)
-        self.progress.update(len(items))
+        self.progress.written(len(items))
 
     def abort(self) -> None:
         """Drop the open shard's temporary file (an interrupted run)."""
@@ -289,12 +289,33 @@ def _image_ext(path: PurePosixPath) -> str:
     return "jpg" if ext == "jpeg" else ext
 
 
+def split_reason(path: str, reason: str) -> tuple[str, str]:
+    """A failure's reason as (kind, detail). Past the image's location it starts with, a reason
+    reads "<kind>" or "<kind>: <detail>" (extractor.preprocess.decode_image, steps.prepare): so
+    the kind "truncated JPEG data" counts every truncated JPEG, whatever PIL's count of missing
+    bytes in each."""
+    kind, _, detail = reason.removeprefix(f"{path}: ").partition(": ")
+    return kind, detail
+
+
+@dataclass(frozen=True)
+class FailedImage:
+    """A failed image of a shard's stats: its location, and its reason's detail (split_reason)."""
+
+    path: str
+    detail: str
+
+
 @dataclass
 class FolderTotals:
-    """What an output folder holds, whichever runs wrote it: images ok, failures by reason."""
+    """What an output folder holds, whichever runs wrote it: images ok, failures by kind, and
+    the first EXAMPLES failed images of each kind (in shard order)."""
 
     ok: int
     failed: Counter
+    examples: dict[str, list[FailedImage]] = field(default_factory=dict)
+
+    EXAMPLES = 3  # enough to see what went wrong; every failure is in the shards' status files
 
     @property
     def failures(self) -> int:
@@ -303,17 +324,23 @@ class FolderTotals:
 
 def folder_totals(out_dir: Location) -> FolderTotals:
     """The totals of every finished shard in `out_dir` (their stats files)."""
-    ok, failed = 0, Counter()
+    totals = FolderTotals(0, Counter())
     for path in sorted(out_dir.glob(f"*{STATS_SUFFIX}")):
         stats = json.loads(path.read_text())
-        ok += stats["count"]
-        failed.update(f["reason"].split(": ", 1)[-1] for f in stats["failures"])
-    return FolderTotals(ok, failed)
+        totals.ok += stats["count"]
+        for failure in stats["failures"]:
+            kind, detail = split_reason(failure["path"], failure["reason"])
+            totals.failed[kind] += 1
+            examples = totals.examples.setdefault(kind, [])
+            if len(examples) < FolderTotals.EXAMPLES:
+                examples.append(FailedImage(failure["path"], detail))
+    return totals
 
 
 def format_summary(tally: Tally, out_dir: Location) -> str:
-    """The folder's images ok / failed by reason (every run's: `tally.folder`), then this run's
-    part when it resumed, its boxes per image, throughput and wall time."""
+    """The folder's images ok / failed by kind, with the first few failed images of each (every
+    run's: `tally.folder`), then this run's part when it resumed, its boxes per image,
+    throughput and wall time."""
     totals = tally.folder
     lines = [f"shards in {out_dir}"]
     if tally.skipped_shards:
@@ -322,8 +349,17 @@ def format_summary(tally: Tally, out_dir: Location) -> str:
             f"({tally.skipped_images} images)"
         )
     lines.append(f"  images ok: {totals.ok}   failed: {totals.failures}")
-    for reason, count in totals.failed.most_common():
-        lines.append(f"    {count} x {reason}")
+    for kind, count in totals.failed.most_common():
+        lines.append(f"    {count} x {kind}")
+        examples = totals.examples[kind]
+        for failed in examples:
+            lines.append(f"        {failed.path}" + (f": {failed.detail}" if failed.detail else ""))
+        if count > len(examples):
+            lines.append(f"        ... and {count - len(examples)} more")
+    if totals.failures:
+        lines.append(
+            f"  every image's outcome and error: its shard's *{STATUS_SUFFIX} in {out_dir}"
+        )
     failed = sum(tally.failed.values())
     if tally.skipped_shards:
         lines.append(f"  this run: {tally.ok} ok, {failed} failed")

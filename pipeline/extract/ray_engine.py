@@ -160,8 +160,13 @@ class RayEngine:
         self.address = address
 
     def run(self, units: list[Unit], sink: ShardSink) -> None:
+        """The progress bar's stage is what the driver waits on: Ray's start, a batch in Ray
+        (its decode task or detector actor: the driver cannot tell which), or its writing."""
         if not units:
             return
+        progress = sink.progress
+        in_ray = "decode, detector (Ray)"
+        progress.stage(0, "starting Ray")
         start = time.perf_counter()
         with ray_session(self.address, without_ray="--engine local") as ray:
             sink.tally.seconds["ray_start"] += time.perf_counter() - start
@@ -169,13 +174,17 @@ class RayEngine:
             sink.log.write(f"ray: {layout}, cluster {ray.cluster_resources()}")
             rows = self._dataset(ray, units, layout).iter_rows()
             nodes: Counter = Counter()
+            progress.stage(0, in_ray)
             for expected, row in enumerate(rows):
                 if row["unit"] != expected:
                     raise RuntimeError(f"Ray returned unit {row['unit']} where {expected} was due")
                 items, seconds = pickle.loads(row["payload"])
                 sink.tally.seconds.update(seconds)
+                progress.stage(expected, "write")
                 sink.add(units[expected], items)
                 nodes[row["node"]] += 1
+                if expected + 1 < len(units):
+                    progress.stage(expected + 1, in_ray)
             # Where the detection ran: on a cluster, whether the actors spread over its nodes.
             sink.log.write(f"ray: units per node {dict(sorted(nodes.items()))}")
 

@@ -43,7 +43,8 @@ class Prepared:
 
     data: the file's bytes, kept only when the shard stores the original image.
     boxes: in box mode "given", the (K, 4) float32 x1 y1 x2 y2 boxes in original pixels.
-    error: why the image produced no sample; the message starts with the image's location.
+    error: why the image produced no sample: "<location>: <kind>" or "<location>: <kind>: <detail>"
+        (the summary counts failures by kind: output.split_reason).
     seconds_decode / seconds_preprocess: read + decode and resize times of this image, seconds.
     """
 
@@ -74,15 +75,19 @@ def prepare(
     start = time.perf_counter()
     try:
         data = ref.read_bytes()
+    except OSError as err:  # missing, unreadable, an archive cut short: in the error's own words
+        cause = str(err).removeprefix(f"{ref.location}: ")
+        return Prepared(ref, error=f"{ref.location}: unreadable: {cause}")
+    try:
         pixels = decode_image(data, ref.location, preprocess)
-    except (ImageError, OSError) as err:
+    except ImageError as err:
         return Prepared(ref, error=str(err))
     decoded = time.perf_counter()
     boxes = None
     if given_boxes is not None:
         boxes = given_boxes.get(ref.image_id)
         if boxes is None:
-            error = f"{ref.location}: no boxes given for image id {ref.image_id!r}"
+            error = f"{ref.location}: no boxes given: none for image id {ref.image_id!r}"
             return Prepared(ref, error=error)
     if device_resize and resizes_on_device(preprocess):
         image = DecodedImage(torch.from_numpy(pixels), preprocess)
