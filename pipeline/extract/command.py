@@ -82,7 +82,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--decoders", type=int, help="decode tasks running at once (default: the CPUs the "
         "actors leave)"
     )
-    add_config_args(parser)
+    add_config_args(parser, "preprocess.min_size=800")
 
 
 def add_weights_args(parser: argparse.ArgumentParser) -> None:
@@ -110,17 +110,24 @@ def chosen_weights(args: argparse.Namespace) -> str | None:
     return args.weights
 
 
-def run(args: argparse.Namespace) -> int:
-    from pipeline.extract.config import load_given_boxes, resolve_job
-    from pipeline.extract.job import extract_dataset
-    from pipeline.extract.output import check_output_dir, format_summary
+def config(args: argparse.Namespace):
+    """The extraction config: the preset's, --config, --set, then the flags."""
+    from pipeline.extract.config import resolve_job
 
-    weights = chosen_weights(args)
-    job = resolve_job(
+    return resolve_job(
         args.config, args.sets, args.preset, args.boxes, args.device, engine=args.engine,
         batch_size=args.batch_size, actors=args.actors, gpus_per_actor=args.gpus_per_actor,
         decoders=args.decoders,
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeline.extract.config import load_given_boxes
+    from pipeline.extract.job import extract_dataset
+    from pipeline.extract.output import check_output_dir, format_summary
+
+    weights = chosen_weights(args)
+    job = config(args)
     given = load_given_boxes(args.given_boxes) if args.given_boxes else None
     check_output_dir(as_path(args.out))
     tally = extract_dataset(
