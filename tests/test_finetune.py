@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_pretrain_loop import crash_after, train_losses
+import yaml
+from test_pretrain_loop import crash_after, tiny_config, train_losses
 
 from model.lxmert import LxmertConfig, LxmertForPreTraining
 from pipeline.cli import main
@@ -17,6 +18,9 @@ from pipeline.finetune.answers import AnswerVocab, lxmert_head_rows
 from pipeline.finetune.config import load_config
 from pipeline.finetune.job import build_task_model
 from pipeline.corpus.read import load_answers
+from pipeline.pretrain.job import pretrain_job
+from pipeline.train.checkpoint import latest_checkpoint
+from pipeline.train.launch import run_training
 
 TINY = ["model.num_heads=4", "model.hidden_size=32", "model.intermediate_size=64",
         "model.language_layers=1", "model.object_layers=1", "model.cross_layers=1"]
@@ -254,3 +258,19 @@ def test_features_cache_reads_each_sample_once_and_keeps_to_its_budget(pretrain_
     assert cached._cached_bytes <= 3 * size and len(cached._cache) >= 2
     assert list(cached._cache)[-1] == keys[-1] and keys[0] not in cached._cache
     assert plain[keys[0]].key == keys[0] and not plain._cache
+
+
+def test_from_a_pretraining_run_starts_from_its_latest_checkpoint(pretrain_world, tmp_path,
+                                                                 capsys):
+    pretrained = tmp_path / "pretrain"
+    run_training(pretrain_job, tiny_config(pretrain_world, "lxmert", "run.max_steps=3",
+                                           "run.checkpoint_every=2"), pretrained)
+    latest = latest_checkpoint(pretrained) / "model"
+    assert latest.parent.name == "step_00000003"
+    run = tmp_path / "vqa"
+    assert main(["finetune", "vqa", "--from", str(pretrained), "--out", str(run),
+                 *(arg for s in [*vqa_sets(pretrain_world), "run.max_steps=1"]
+                   for arg in ("--set", s))]) == 0
+    assert f"--from {pretrained}: its latest checkpoint, {latest}" in capsys.readouterr().out
+    # The run's config holds the model it built: the pretrained tiny one, not LXMERT-base.
+    assert yaml.safe_load((run / "config.yaml").read_text())["model"]["hidden_size"] == 64

@@ -34,13 +34,14 @@ train the detector end to end: `--set visual.trainable=true --set visual.weights
 `pipeline pretrain --help`).
 
 Examples:
-  pipeline finetune vqa --from runs/lxmert/checkpoints/step_00002000/model --out runs/vqa \\
+  pipeline finetune vqa --from runs/lxmert --out runs/vqa \\
       --set data.root=DATA/vqa --set data.train=[train2014] --set data.val=val2014 \\
       --set data.holdout=CORPUS --set data.shards=[feats/coco]
   pipeline finetune nlvr2 --from model_LXRT.pth --out runs/nlvr2 --set data.root=DATA/nlvr2 \\
       --set data.train=[train] --set data.val=dev --set data.shards=[feats/nlvr2]
-  pipeline finetune vcr --from CKPT --out runs/vcr --set data.root=DATA/vcr \\
+  pipeline finetune vcr --from runs/lxmert --out runs/vcr --set data.root=DATA/vcr \\
       --set data.train=[train] --set data.val=val --set data.shards=[feats/vcr]
+  pipeline finetune vqa --show-config          every key with its value and meaning
 """
 
 
@@ -48,8 +49,10 @@ Examples:
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("task", choices=TASKS)
     parser.add_argument("--from", dest="init", metavar="CKPT",
-                        help="checkpoint the encoder starts from (default: the config's init; "
-                        "none = from scratch)")
+                        help="checkpoint the encoder starts from: a pretraining run directory "
+                        "(its latest checkpoint), a checkpoint's model/ directory, a Hugging Face "
+                        "directory or an official *_LXRT.pth (default: the config's init; none = "
+                        "from scratch)")
     add_training_args(parser, "optim.lr=1e-3")
 
 

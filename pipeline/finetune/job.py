@@ -33,6 +33,7 @@ from pipeline.finetune.tasks import task_model, task_objective, task_streams
 from pipeline.train.config import static_shapes
 from pipeline.extract.detector import load_extraction_detector
 from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end, require_images
+from pipeline.train.checkpoint import latest_checkpoint
 from pipeline.train.job import Job
 from pipeline.train.loop import count_steps
 
@@ -48,6 +49,10 @@ def prepare_finetune(config: FinetuneConfig) -> FinetuneConfig:
     also reads its examples here, so that a task without examples or a training step fails before
     Ray starts (the examples are read twice)."""
     config = absolute_paths(config, PATHS)
+    if config.init and latest_checkpoint(Path(config.init)) is not None:  # --from RUN
+        model = latest_checkpoint(Path(config.init)) / "model"
+        print(f"--from {config.init}: its latest checkpoint, {model}")
+        config = replace(config, init=str(model))
     if config.run.workers > 0:
         features, train, val = task_data(config)
         stream, _ = task_streams(config.task, train, val, features, batch_size=config.micro_batch,

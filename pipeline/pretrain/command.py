@@ -41,6 +41,7 @@ Examples:
       --set data.corpus=corpus --set data.shards=[feats/coco,feats/vg]
   pipeline pretrain --config configs/pretrain/lxmert_tiny.yaml --out runs/lxmert --resume
   pipeline pretrain --config configs/pretrain/lxmert.yaml --workers 8 --set run.device=cuda ...
+  pipeline pretrain --config configs/pretrain/lxmert.yaml --show-config   every key and meaning
 """
 
 
