@@ -12,7 +12,8 @@ import pytest
 from pipeline.cli import main
 
 TOY = ["world_images=60", "minival_images=4", "vqa_per_image=6", "pretrain_epochs=1",
-       "vqa_epochs=1", "nlvr2_epochs=1", "batch_size=4", "engine=local", "nlvr2_sentences_per_set=2"]
+       "vqa_epochs=1", "nlvr2_epochs=1", "vqa_batch_size=4", "nlvr2_batch_size=4", "engine=local",
+       "nlvr2_sentences_per_set=2"]
 
 
 def test_demo_writes_the_results_table_and_pictures(tmp_path, capsys):

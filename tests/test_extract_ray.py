@@ -169,8 +169,9 @@ def test_ray_run_equals_local_run_and_records_bad_images(images, reference, tmp_
         assert line in log
     # The bar's stage: what the driver waits on (it cannot tell a unit's decoding from its
     # detection), then each unit's writing.
-    stages = ["batch 1/10: starting Ray"]
-    for unit in range(1, 11):
+    stages = ["batch 1/10: starting Ray", "batch 1/10: starting 1 detector actor(s)",
+              "batch 1/10: write"]
+    for unit in range(2, 11):
         stages += [f"batch {unit}/10: decode, detector (Ray)", f"batch {unit}/10: write"]
     assert RecordingBar.last.postfixes == [*stages, ""]
     assert RecordingBar.last.updates == [2] * 10

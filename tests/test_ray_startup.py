@@ -160,3 +160,20 @@ def test_a_ray_run_from_the_data_folder_says_what_it_starts_and_nothing_of_ray(
         assert noise not in run.stderr, run.stderr
     corpus = yaml.safe_load((out / "config.yaml").read_text())["data"]["corpus"]
     assert corpus == str(pretrain_world.corpus)
+
+
+def test_a_session_inside_a_running_one_uses_it_and_leaves_it_running(monkeypatch):
+    """The demo's two extractions share one local Ray: the inner session starts and stops
+    nothing."""
+    import types
+
+    from pipeline.common.ray_session import ray_session
+
+    calls = []
+    running = types.SimpleNamespace(
+        is_initialized=lambda: True, init=lambda **kw: calls.append("init"),
+        shutdown=lambda: calls.append("shutdown"))
+    monkeypatch.setitem(sys.modules, "ray", running)
+    with ray_session(None, without_ray="--engine local") as ray:
+        assert ray is running
+    assert calls == []

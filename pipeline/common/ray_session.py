@@ -71,8 +71,13 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
     without_ray: how to run the same command without Ray (a start-up failure's hint).
     forward: the actor class whose output is printed here (Ray Train's "RayTrainWorker": the
     training's progress bar and messages); ray_logs: print every Ray process's output and Ray's
-    own logs too. Raises RayStartError when `ray.init` fails.
+    own logs too. Raises RayStartError when `ray.init` fails. Inside another session of this
+    process (the demo's extractions share one), that session is used and left running.
     """
+    running = sys.modules.get("ray")  # imported only below, after the environment is set
+    if running is not None and running.is_initialized():
+        yield running
+        return
     if address is None:
         # The embedded Ray's workers run here with this interpreter. Ray's `uv run` hook would
         # start each of them through `uv run` and upload the working directory (the hook is read

@@ -147,6 +147,17 @@ EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_en
                "grounding": _grounding}
 
 
+def _one_ray(engine: str):
+    """A local Ray session for the Ray engine's extractions, else nothing."""
+    import contextlib
+
+    from pipeline.common.ray_session import ray_session
+
+    if engine != "ray":
+        return contextlib.nullcontext()
+    return ray_session(None, without_ray="--set engine=local")
+
+
 def run_main(cfg: DemoConfig, out: Path) -> int:
     """The main demo (module docstring) under `out`."""
     from pipeline.common.assets import bundled_detector
@@ -164,8 +175,9 @@ def run_main(cfg: DemoConfig, out: Path) -> int:
     print("detector: config %s, weights %s" % bundled_detector())
     step("extract COCO and NLVR2 images into shards")
     extraction = Extraction(engine=cfg.engine, device="cpu", shard_size=64)
-    coco = extract(world, "coco", out / "features" / "coco", extraction, verify=True)
-    nlvr2 = extract(world, "nlvr2", out / "features" / "nlvr2", extraction, verify=True)
+    with _one_ray(cfg.engine):  # both extractions in one local Ray: it starts once
+        coco = extract(world, "coco", out / "features" / "coco", extraction, verify=True)
+        nlvr2 = extract(world, "nlvr2", out / "features" / "nlvr2", extraction, verify=True)
     step("build the pretraining corpus")
     corpus_dir = corpus(world, out / "corpus", minival_images=cfg.minival_images)
     lxmert = pretrain_config(cfg, corpus_dir, coco)

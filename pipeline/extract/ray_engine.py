@@ -174,7 +174,9 @@ class RayEngine:
             sink.log.write(f"ray: {layout}, cluster {ray.cluster_resources()}")
             rows = self._dataset(ray, units, layout).iter_rows()
             nodes: Counter = Counter()
-            progress.stage(0, in_ray)
+            # Until the first unit is back, the actors start: a Python worker each, importing
+            # torch and loading the detector (about 20 s on 2 CPU cores).
+            progress.stage(0, f"starting {layout.actors} detector actor(s)")
             for expected, row in enumerate(rows):
                 if row["unit"] != expected:
                     raise RuntimeError(f"Ray returned unit {row['unit']} where {expected} was due")
