@@ -274,3 +274,48 @@ def test_from_a_pretraining_run_starts_from_its_latest_checkpoint(pretrain_world
     assert f"--from {pretrained}: its latest checkpoint, {latest}" in capsys.readouterr().out
     # The run's config holds the model it built: the pretrained tiny one, not LXMERT-base.
     assert yaml.safe_load((run / "config.yaml").read_text())["model"]["hidden_size"] == 64
+
+
+@pytest.mark.parametrize("arch", ["lxmert", "visualbert", "vlbert", "vilbert"])
+def test_one_zero_region_stands_for_any_number_only_where_the_model_allows_it(arch):
+    """Language-only LXMERT rows carry one zero region per image: LXMERT's output is the same
+    for any number of identical zero regions (its regions are read only by attention over them);
+    a single-stream model's, and ViLBERT's with its global image region, is not."""
+    from model.archs import ARCHS
+    from model.tasks import AnswerModel
+    from pipeline.finetune.tasks import one_blind_region
+
+    torch.manual_seed(0)
+    config = ARCHS[arch].config.tiny()
+    model = AnswerModel(ARCHS[arch].encoder(config), 7).eval()
+    ids = torch.randint(5, min(1000, config.vocab_size), (3, 12))
+
+    def logits(regions: int) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                     token_type_ids=torch.zeros_like(ids),
+                     features=torch.zeros(3, regions, config.visual_feat_dim),
+                     boxes=torch.zeros(3, regions, 4),
+                     region_mask=torch.ones(3, regions, dtype=torch.bool))
+
+    same = torch.equal(logits(36), logits(1))
+    assert same == (arch == "lxmert")
+    run = load_config("vqa", sets=[f"arch={arch}", "data.language_only=true",
+                                   "data.train=[train2014]", "data.val=val2014"])
+    assert one_blind_region(run) == same
+
+
+def test_language_only_lxmert_rows_hold_one_zero_region_per_image(pretrain_world):
+    from pipeline.common.text import load_tokenizer
+    from pipeline.finetune.data import Features, subset_examples
+    from pipeline.finetune.objective import AnswerTask
+
+    features = Features.open([str(pretrain_world.shards[0])])
+    examples = [e for e in subset_examples("vqa", pretrain_world.world / "vqa", "train2014")
+                if e.images[0] in features][:4]
+    samples = [(features[e.images[0]],) for e in examples]
+    blind = AnswerTask(load_tokenizer(), AnswerVocab(("yes", "no")), max_text_length=20,
+                       max_boxes=36, language_only=True, one_blind_region=True).make_batch(
+        examples, samples).inputs
+    assert blind["features"].shape[:2] == (4, 1) and not blind["features"].any()
+    assert blind["boxes"].shape == (4, 1, 4) and not blind["boxes"].any()
+    assert blind["region_mask"].tolist() == [[1]] * 4

@@ -29,7 +29,7 @@ from pipeline.finetune.answers import AnswerVocab, build_gqa_vocab, build_vqa_vo
 from pipeline.finetune.config import FinetuneConfig, config_from_dict
 from pipeline.finetune.data import Features, task_examples
 from pipeline.finetune.examples import ANSWER_TASKS
-from pipeline.finetune.tasks import task_model, task_objective, task_streams
+from pipeline.finetune.tasks import one_blind_region, task_model, task_objective, task_streams
 from pipeline.train.config import static_shapes
 from pipeline.extract.detector import load_extraction_detector
 from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end, require_images
@@ -167,7 +167,8 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
     device = pick_device(config.run.device)
     objective = task_objective(config.task, tokenizer, vocab, data,
                                static_shapes=static_shapes(config.run, device),
-                               float16_features=device.type == "cuda")
+                               float16_features=device.type == "cuda",
+                               blind_region=one_blind_region(config))
     micro = config.micro_batch
     train_stream, val_stream = task_streams(config.task, train, val, features, batch_size=micro,
                                             rank=rank, world_size=world, seed=config.run.seed)

@@ -9,7 +9,9 @@ PairTask (NLVR2): the statement with each of the two images -> PairModel's [Fals
 
 Both follow the pretraining objectives' protocol (make_batch / compute), so the pretraining
 trainer runs them; batches need no randomness, the `rng` is accepted and unused. With
-`language_only` every region's features and box are zeros (the language-only ablation). With
+`language_only` every region's features and box are zeros (the language-only ablation); with
+`one_blind_region` too, each image keeps one such region (the same outputs for a model that reads
+regions only by attending over them: pipeline/finetune/tasks.py, `one_blind_region`). With
 `static_shapes` every batch of B rows has the same shapes: text padded to max_text_length, regions
 to max_boxes, and region_mask None when every region is real (attention then runs unmasked); the
 losses and metrics are those of the unpadded batch. A step (compute and backward) makes no host
@@ -39,9 +41,10 @@ class TaskRows:
 
     def __init__(self, tokenizer, *, max_text_length: int, max_boxes: int,
                  language_only: bool = False, static_shapes: bool = False,
-                 float16_features: bool = False) -> None:
+                 float16_features: bool = False, one_blind_region: bool = False) -> None:
         self.tokenizer = tokenizer
-        self.max_text_length, self.max_boxes = max_text_length, max_boxes
+        self.max_text_length = max_text_length
+        self.max_boxes = 1 if language_only and one_blind_region else max_boxes
         self.language_only, self.static_shapes = language_only, static_shapes
         self.features_dtype = torch.float16 if float16_features else torch.float32
 
@@ -68,10 +71,10 @@ class AnswerTask(TaskRows):
 
     def __init__(self, tokenizer, vocab: AnswerVocab, *, max_text_length: int, max_boxes: int,
                  language_only: bool = False, static_shapes: bool = False,
-                 float16_features: bool = False) -> None:
+                 float16_features: bool = False, one_blind_region: bool = False) -> None:
         super().__init__(tokenizer, max_text_length=max_text_length, max_boxes=max_boxes,
                          language_only=language_only, static_shapes=static_shapes,
-                         float16_features=float16_features)
+                         float16_features=float16_features, one_blind_region=one_blind_region)
         self.vocab = vocab
 
     def make_batch(self, examples: Sequence[Example], samples: Sequence[tuple[Sample, ...]],

@@ -41,12 +41,29 @@ HEADS: dict[str, type[TaskModel]] = {
 }
 
 
+def one_blind_region(config) -> bool:
+    """Whether a run's language-only rows may carry one zero region per image instead of every
+    region zeroed, for the same outputs at the cost of the text alone. LXMERT reads the regions
+    only by attending over the regions themselves (its object encoder; cross-attention from the
+    words to the regions), and over N identical keys and values attention gives what it gives
+    over one: the same output for any N (tests/test_finetune.py checks it). Not so for the
+    single-stream models (a word's attention is shared between words and regions, so the number
+    of regions weighs), for ViLBERT (its global image region), for tasks that score or name
+    regions (VCR, RefCOCO+, retrieval) or for a detector trained end to end."""
+    return (config.data.language_only and config.arch == "lxmert"
+            and config.task in (*ANSWER_TASKS, "nlvr2") and not config.visual.trainable)
+
+
 def task_objective(task: str, tokenizer, vocab: AnswerVocab | None, data, *,
-                   static_shapes: bool = False, float16_features: bool = False) -> TaskRows:
-    """The objective of `task` with a run's TaskDataConfig `data` (a vocabulary for VQA, GQA)."""
+                   static_shapes: bool = False, float16_features: bool = False,
+                   blind_region: bool = False) -> TaskRows:
+    """The objective of `task` with a run's TaskDataConfig `data` (a vocabulary for VQA, GQA);
+    blind_region: `one_blind_region` of the run."""
     kind = dict(max_text_length=data.max_text_length, max_boxes=data.max_boxes,
                 language_only=data.language_only, static_shapes=static_shapes,
                 float16_features=float16_features)
+    if blind_region:
+        kind["one_blind_region"] = True
     if task in ANSWER_TASKS:
         return AnswerTask(tokenizer, vocab, **kind)
     return OBJECTIVES[task](tokenizer, **kind)
