@@ -41,12 +41,12 @@ def test_demo_writes_the_results_table_and_pictures(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_demo_learns_as_the_papers_ablations_say(tmp_path):
-    """The full-size demo (about 10 minutes on 2 cores): the pretrained small LXMERT reaches 85%
-    VQA accuracy on the held-out minival images, the language-only row is at least 25 points
-    lower, and pretraining beats no pretraining on NLVR2."""
+    """The full-size demo (under 10 minutes on 2 idle cores): the pretrained small LXMERT reaches
+    85% VQA accuracy on the held-out minival images with a point to spare, the language-only row
+    is at least 25 points lower, and pretraining beats no pretraining on NLVR2 by 5 points."""
     assert main(["demo", "--out", str(tmp_path / "demo")]) == 0
     results = json.loads((tmp_path / "demo" / "results.json").read_text())
     vqa, nlvr2 = results["vqa"], results["nlvr2"]
-    assert vqa["pretrained"] >= 85.0, vqa
+    assert vqa["pretrained"] >= 86.0, vqa
     assert vqa["language_only"] <= vqa["pretrained"] - 25.0, vqa
-    assert nlvr2["pretrained"]["accuracy"] > nlvr2["scratch"]["accuracy"], nlvr2
+    assert nlvr2["pretrained"]["accuracy"] >= nlvr2["scratch"]["accuracy"] + 5.0, nlvr2
