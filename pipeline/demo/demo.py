@@ -2,11 +2,10 @@
 
 1. generate a synthetic world in the real datasets' formats (`pipeline world generate`);
 2. load the bundled world detector (pipeline/assets/, trained by `pipeline detector train`);
-3. extract the COCO images with Ray (`pipeline extract`), then verify the shards;
+3. extract the COCO and NLVR2 images with Ray (`pipeline extract`), then verify the shards;
 4. build the LXMERT pretraining corpus (`pipeline corpus build`, minival held out);
 5. pretrain a small LXMERT (`pipeline pretrain`, the paper's five tasks) and, beside it,
-   fine-tune VQA from scratch (`pipeline finetune`), extract the NLVR2 images (Ray again) and
-   fine-tune NLVR2 from scratch;
+   fine-tune VQA and NLVR2 from scratch (`pipeline finetune`);
 6. fine-tune VQA and NLVR2 from the pretrained model, as it is and language-only (every region
    zeroed). Training runs go two at a time, one per core, each in a worker process;
 7. predict the held-out splits and score them with the official metrics (`pipeline predict`,
@@ -174,33 +173,30 @@ def run_main(cfg: DemoConfig, out: Path) -> int:
     world = generate(world_config(cfg), out / "world")
     step("load the bundled world detector")
     print("detector: config %s, weights %s" % bundled_detector())
+    step("extract COCO and NLVR2 images into shards")
     extraction = Extraction(engine=cfg.engine, device="cpu", shard_size=64)
+    with _one_ray(cfg.engine):  # both extractions in one local Ray: it starts once
+        coco = extract(world, "coco", out / "features" / "coco", extraction, verify=True)
+        nlvr2 = extract(world, "nlvr2", out / "features" / "nlvr2", extraction, verify=True)
+    step("build the pretraining corpus")
+    corpus_dir = corpus(world, out / "corpus", minival_images=cfg.minival_images)
+    lxmert = pretrain_config(cfg, corpus_dir, coco)
+    pretrain_run = out / "runs" / "pretrain"
     runs = {(task, variant): out / "runs" / f"{task}_{variant}"
             for task in ("vqa", "nlvr2") for variant in VARIANTS}
-    pretrain_run = out / "runs" / "pretrain"
+    shards = {"vqa": coco, "nlvr2": nlvr2}
 
     def finetune(task: str, variant: str) -> None:
         config = finetune_config(task, cfg, variant, lxmert, pretrain_run, world, corpus_dir,
                                  shards[task])
         trainings.submit(f"{task} {variant}", finetune_job, config, runs[task, variant])
 
-    # Both extractions share one local Ray (it starts once). Pretraining and VQA from scratch
-    # need only COCO's features: they start before the NLVR2 images are extracted, whose Ray
-    # actor takes a quarter of a minute to start with a core to spare.
-    with _one_ray(cfg.engine), Trainings(cfg.parallel) as trainings:
-        step("extract the COCO images into shards")
-        shards = {"vqa": extract(world, "coco", out / "features" / "coco", extraction,
-                                 verify=True)}
-        step("build the pretraining corpus")
-        corpus_dir = corpus(world, out / "corpus", minival_images=cfg.minival_images)
-        lxmert = pretrain_config(cfg, corpus_dir, shards["vqa"])
-        step("pretrain a small LXMERT and fine-tune VQA from scratch; meanwhile extract the "
-             "NLVR2 images and fine-tune NLVR2 from scratch")
+    with Trainings(cfg.parallel) as trainings:
+        # The from-scratch runs need no pretrained model: they train beside the pretraining.
+        step("pretrain a small LXMERT; meanwhile fine-tune VQA and NLVR2 from scratch")
         trainings.submit("pretrain", pretrain_job, lxmert, pretrain_run)
-        finetune("vqa", "scratch")
-        shards["nlvr2"] = extract(world, "nlvr2", out / "features" / "nlvr2", extraction,
-                                  verify=True)
-        finetune("nlvr2", "scratch")
+        for task in ("vqa", "nlvr2"):
+            finetune(task, "scratch")
         trainings.wait("pretrain")
         step("fine-tune VQA and NLVR2 from the pretrained model, with and without the image")
         for task in ("vqa", "nlvr2"):
@@ -215,7 +211,6 @@ def run_main(cfg: DemoConfig, out: Path) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     step("results")
     print(format_results(results))
-    pictures = _pictures(runs["vqa", "pretrained"], world, corpus_dir, shards["vqa"],
-                         out / "pictures")
+    pictures = _pictures(runs["vqa", "pretrained"], world, corpus_dir, coco, out / "pictures")
     print(f"\nresults.json, pictures ({', '.join(p.name for p in pictures)}) in {out}")
     return 0
