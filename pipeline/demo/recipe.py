@@ -88,7 +88,7 @@ def finetune_config(task: str, cfg: DemoConfig, variant: str, pretraining, pretr
         f"data.batch_size={cfg.vqa_batch_size if task == 'vqa' else cfg.nlvr2_batch_size}",
         f"run.epochs={cfg.vqa_epochs if task == 'vqa' else cfg.nlvr2_epochs}",
         f"optim.lr={cfg.vqa_lr if task == 'vqa' else cfg.nlvr2_lr}",
-        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200",
+        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=1000",
     ]
     if variant != "scratch":
         sets.append(f"init={latest_checkpoint(pretrain_run) / 'model'}")
