@@ -33,7 +33,7 @@ DESCRIPTION = (
     "Generate a synthetic world, extract its images with Ray and the bundled detector, pretrain "
     "a small LXMERT, fine-tune VQA and NLVR2 (pretrained, from scratch, language-only), score "
     "the held-out splits with the official metrics; prints the table, writes OUT/results.json "
-    "and OUT/pictures/. About 8-11 minutes on 2 CPU cores, two training runs at a time; a second "
+    "and OUT/pictures/. About 10 minutes on 2 CPU cores, two training runs at a time; a second "
     "run reuses what the first finished. Sizes and world: --set world_images=..., --set "
     "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/demo.py). Three more "
     "experiments: `pipeline demo benchmarks` (VCR, RefCOCO+, Flickr30K retrieval fine-tuned and "
