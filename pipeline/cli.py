@@ -136,9 +136,9 @@ def _optional(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if action.option_strings:
             action.required = False
-        for sub in (action.choices or {}).values() if isinstance(action, argparse._SubParsersAction) \
-                else ():
-            _optional(sub)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _optional(sub)
 
 
 def urls(args: argparse.Namespace) -> list[str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.cli import VERBS, build_parser
+from pipeline.common.config_help import describe
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -45,10 +46,12 @@ def test_the_walkthrough_has_the_commands_it_promises():
 def test_each_command_parses_and_its_settings_resolve(words, monkeypatch):
     monkeypatch.chdir(ROOT)  # the commands name configs/ and pipeline/assets/ from there
     args = build_parser().parse_args(words[1:])
-    module = VERBS[args.verb]
+    assert args.verb == words[1]
     resumed = getattr(args, "resume", False)  # reads the config.yaml an earlier command wrote
     if hasattr(args, "sets") and not resumed:
-        module.config(args)
+        settings = describe(VERBS[args.verb].config(args))
+        keys = {key for key, _, _ in settings}
+        assert {item.split("=", 1)[0] for item in args.sets} <= keys  # each --set is a key
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from pipeline.common.config import plain
 
 # A docstring entry's head: one or more names joined by ", ", " / " or " and ", then ": ".
 _HEAD = re.compile(r"(?<![\w.`])((?:[a-z_][a-z0-9_]*(?:, | / | and ))*[a-z_][a-z0-9_]*): ")
+_JOINS = re.compile(r", | / | and ")  # between the names of one head
 
 
 def meanings(cls: type) -> dict[str, str]:
@@ -28,11 +29,11 @@ def meanings(cls: type) -> dict[str, str]:
     doc = " ".join((inspect.getdoc(cls) or "").split())
     fields = {f.name for f in dataclasses.fields(cls)}
     heads = [m for m in _HEAD.finditer(doc)
-             if set(re.split(r", | / | and ", m.group(1))) <= fields]
+             if set(_JOINS.split(m.group(1))) <= fields]
     found: dict[str, str] = {}
     for head, after in zip(heads, [*heads[1:], None]):
         text = doc[head.end(): after.start() if after else len(doc)].strip()
-        for name in re.split(r", | / | and ", head.group(1)):
+        for name in _JOINS.split(head.group(1)):
             found.setdefault(name, text)
     # Other entries mention fields too ("a checkpoint in `init` must hold it"): the text before
     # the first entry speaks of the fields it names, an entry only perhaps.

@@ -29,7 +29,7 @@ from pipeline.finetune.answers import AnswerVocab, build_gqa_vocab, build_vqa_vo
 from pipeline.finetune.config import FinetuneConfig, config_from_dict
 from pipeline.finetune.data import Features, task_examples
 from pipeline.finetune.examples import ANSWER_TASKS
-from pipeline.finetune.tasks import one_blind_region, task_model, task_objective, task_streams
+from pipeline.finetune.tasks import task_model, task_objective, task_streams
 from pipeline.train.config import static_shapes
 from pipeline.extract.detector import load_extraction_detector
 from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end, require_images
@@ -49,10 +49,10 @@ def prepare_finetune(config: FinetuneConfig) -> FinetuneConfig:
     also reads its examples here, so that a task without examples or a training step fails before
     Ray starts (the examples are read twice)."""
     config = absolute_paths(config, PATHS)
-    if config.init and latest_checkpoint(Path(config.init)) is not None:  # --from RUN
-        model = latest_checkpoint(Path(config.init)) / "model"
-        print(f"--from {config.init}: its latest checkpoint, {model}")
-        config = replace(config, init=str(model))
+    latest = latest_checkpoint(Path(config.init)) if config.init else None
+    if latest is not None:  # --from RUN
+        print(f"--from {config.init}: its latest checkpoint, {latest / 'model'}")
+        config = replace(config, init=str(latest / "model"))
     if config.run.workers > 0:
         features, train, val = task_data(config)
         stream, _ = task_streams(config.task, train, val, features, batch_size=config.micro_batch,
@@ -165,10 +165,9 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
         print(f"{config.task}: {len(train)} training, {len(val)} validation examples"
               + (f", {len(vocab)} answers" if vocab is not None else ""))
     device = pick_device(config.run.device)
-    objective = task_objective(config.task, tokenizer, vocab, data,
+    objective = task_objective(config, tokenizer, vocab,
                                static_shapes=static_shapes(config.run, device),
-                               float16_features=device.type == "cuda",
-                               blind_region=one_blind_region(config))
+                               float16_features=device.type == "cuda")
     micro = config.micro_batch
     train_stream, val_stream = task_streams(config.task, train, val, features, batch_size=micro,
                                             rank=rank, world_size=world, seed=config.run.seed)

@@ -31,7 +31,7 @@ from pipeline.finetune.examples import ANSWER_TASKS, Example, TaskDataError
 from pipeline.finetune.job import ANSWERS_FILE, build_task_model
 from pipeline.finetune.objective import TaskRows
 from pipeline.finetune.retrieval import CaptionExample, RetrievalTask, score_matrix
-from pipeline.finetune.tasks import one_blind_region, task_objective
+from pipeline.finetune.tasks import task_objective
 from pipeline.finetune.vcr import prediction_items, vcr_predictions
 from pipeline.extract.detector import load_extraction_detector
 from pipeline.train.batch import TrainBatch
@@ -105,8 +105,7 @@ def load_run_model(run_dir: Path, checkpoint: Path | None = None, *,
             "diverged: pick an earlier --checkpoint or fine-tune again with a lower optim.lr"
         )
     model.eval()
-    objective = task_objective(config.task, tokenizer, vocab, config.data,
-                               blind_region=one_blind_region(config))
+    objective = task_objective(config, tokenizer, vocab)
     return RunModel(config=config, model=model, vocab=vocab, objective=objective, pixels=pixels)
 
 

@@ -54,15 +54,14 @@ def one_blind_region(config) -> bool:
             and config.task in (*ANSWER_TASKS, "nlvr2") and not config.visual.trainable)
 
 
-def task_objective(task: str, tokenizer, vocab: AnswerVocab | None, data, *,
-                   static_shapes: bool = False, float16_features: bool = False,
-                   blind_region: bool = False) -> TaskRows:
-    """The objective of `task` with a run's TaskDataConfig `data` (a vocabulary for VQA, GQA);
-    blind_region: `one_blind_region` of the run."""
+def task_objective(config, tokenizer, vocab: AnswerVocab | None, *,
+                   static_shapes: bool = False, float16_features: bool = False) -> TaskRows:
+    """The objective of a run's FinetuneConfig `config` (a vocabulary for VQA, GQA)."""
+    task, data = config.task, config.data
     kind = dict(max_text_length=data.max_text_length, max_boxes=data.max_boxes,
                 language_only=data.language_only, static_shapes=static_shapes,
                 float16_features=float16_features)
-    if blind_region:
+    if one_blind_region(config):
         kind["one_blind_region"] = True
     if task in ANSWER_TASKS:
         return AnswerTask(tokenizer, vocab, **kind)

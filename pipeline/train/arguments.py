@@ -4,6 +4,7 @@ and which config a run starts from."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -76,8 +77,6 @@ def with_workers(config: Any, address: str | None) -> Any:
     """`config` with run.workers auto (-1) resolved: one Ray Train worker where there is a GPU
     or a cluster (--address), else 0, training in this process: on a CPU machine Ray Train's
     start-up took 80 s of a 2.5-minute fine-tuning, for the same result."""
-    import dataclasses
-
     if config.run.workers >= 0:
         return config
     import torch
