@@ -111,6 +111,8 @@ Typical use:
                                                  official VQA v2 / GQA / NLVR2 metrics
   pipeline analyze grounding --run RUN --shards FEATS --entities FLICKR30K_ENTITIES --out DIR
                                                  which attention heads ground words in regions
+  pipeline analyze cross-modal --run PRETRAIN_RUN --shards FEATS --entities ... --out DIR
+                                                 does the masked LM use the image? (and back)
 Run `pipeline VERB --help` for each verb's options.
 """
 

@@ -106,6 +106,16 @@ def pretrain_world(tmp_path_factory) -> PretrainWorld:
                          shards=(shards["coco"], shards["vg"]), nlvr2=shards["nlvr2"])
 
 
+@pytest.fixture(scope="session")
+def flickr_shards(pretrain_world, tmp_path_factory) -> Path:
+    """The pretraining world's Flickr30K images extracted (images kept): the analyses' input."""
+    from pipeline.demo.world_setup import Extraction, extract
+
+    out = tmp_path_factory.mktemp("flickr30k") / "feats"
+    return extract(pretrain_world.world, "flickr30k", out,
+                   Extraction(engine="local", keep_images=True), progress=False)
+
+
 @pytest.fixture
 def read_only_dir(tmp_path):
     """A directory this process may not write into: mode 555, or, for root (whom modes do not

@@ -26,15 +26,6 @@ SPLIT = "train"
 FEATURE_DIM = 64  # the bundled world detector's region features
 
 
-@pytest.fixture(scope="module")
-def flickr_shards(pretrain_world, tmp_path_factory):
-    from pipeline.demo.world_setup import Extraction, extract
-
-    out = tmp_path_factory.mktemp("grounding") / "feats"
-    return extract(pretrain_world.world, "flickr30k", out,
-                   Extraction(engine="local", keep_images=True), progress=False)
-
-
 def tiny_config(arch: str):
     """The architecture's tiny config on the world detector's features and BERT's vocabulary."""
     return dataclasses.replace(ARCHS[arch].config.tiny(), visual_feat_dim=FEATURE_DIM,

@@ -1,9 +1,10 @@
-"""The model the analysis reads: the encoder of a run or of any checkpoint we load.
+"""The model an analysis reads: the encoder of a run or of any checkpoint we load, or (the
+cross-modal test) the model with its pretraining heads.
 
 --run is a `pipeline pretrain` or `pipeline finetune` run directory (its latest checkpoint), one
 of its checkpoint directories (checkpoints/step_N), or a model checkpoint in any format
-`model.checkpoints.load_checkpoint` reads (ours, Hugging Face's, LXMERT's official file). Only
-the encoder is kept: the heads play no part in attention. A run gives the text length and the
+`model.checkpoints.load_checkpoint` reads (ours, Hugging Face's, LXMERT's official file). The
+grounding analysis keeps the encoder only: the heads play no part in attention. A run gives the text length and the
 number of regions it was trained with (its config.yaml's data section); the command line may
 override them. `random_init` keeps the architecture and config and draws fresh weights: the
 analysis of an untrained model, the floor a trained one is measured against.
@@ -22,13 +23,14 @@ from model.archs import ARCHS
 from model.checkpoints.formats import load_checkpoint
 from pipeline.analyze.errors import AnalysisError
 from pipeline.finetune.zero_shot import DEFAULT_BOXES, DEFAULT_TEXT_LENGTH
-from pipeline.train.checkpoint import latest_checkpoint
+from pipeline.train.checkpoint import latest_checkpoint, load_state
 
 
 @dataclass(frozen=True)
 class AnalysedModel:
-    """The encoder in eval mode, its architecture, the run's text length and number of regions,
-    the tokenizer directory it was trained with ("" = the bundled one), where it came from."""
+    """The model in eval mode (the encoder, or with `heads` the whole pretraining model), its
+    architecture, the run's text length and number of regions, the tokenizer directory it was
+    trained with ("" = the bundled one), where it came from."""
 
     encoder: nn.Module
     arch: str
@@ -39,20 +41,28 @@ class AnalysedModel:
     random_init: bool
 
 
-def load_analysed_model(path: Path, *, random_init: bool = False, seed: int = 0
-                        ) -> AnalysedModel:
-    """The encoder of `path` (module docstring)."""
+def _checkpoint_dir(path: Path) -> Path | None:
+    """The checkpoint directory `path` names (a run's latest), or None for a model file."""
     if (path / "state.pt").is_file():
-        checkpoint_dir: Path | None = path
-    elif (path / "checkpoints").is_dir():
+        return path
+    if (path / "checkpoints").is_dir():
         checkpoint_dir = latest_checkpoint(path)
         if checkpoint_dir is None:
             raise AnalysisError(f"{path}: a run directory without a checkpoint yet")
-    else:
-        checkpoint_dir = None
+        return checkpoint_dir
+    return None
+
+
+def load_analysed_model(path: Path, *, random_init: bool = False, seed: int = 0,
+                        heads: bool = False) -> AnalysedModel:
+    """The encoder of `path` (module docstring); with `heads` the model with its paper's
+    pretraining heads (masked LM, region labels): a pretraining run's or checkpoint's whole
+    state, or a model file that keeps them (LXMERT's); the exported model of the others holds the
+    encoder only."""
+    checkpoint_dir = _checkpoint_dir(path)
     model_path = checkpoint_dir / "model" if checkpoint_dir is not None else path
     try:
-        loaded = load_checkpoint(model_path, drop_heads=True)
+        loaded = load_checkpoint(model_path, drop_heads=not heads)
     except (OSError, ValueError) as err:
         raise AnalysisError(f"{path}: neither a run, a checkpoint directory nor a model "
                             f"checkpoint ({err})") from err
@@ -65,11 +75,23 @@ def load_analysed_model(path: Path, *, random_init: bool = False, seed: int = 0
                             "never saw the shards' frozen features the analysis feeds it")
     arch = ARCHS[loaded.arch]
     torch.manual_seed(seed)
-    encoder = arch.encoder(loaded.config)
+    module = (arch.pretraining if heads else arch.encoder)(loaded.config)
     if not random_init:
-        encoder.load_state_dict(loaded.state_dict)
+        state = loaded.state_dict
+        if heads and checkpoint_dir is not None:
+            state = load_state(checkpoint_dir)["model"]
+        try:
+            module.load_state_dict(state)
+        except RuntimeError as err:
+            if not heads:
+                raise
+            where = "its checkpoint" if checkpoint_dir is not None else "the file"
+            raise AnalysisError(
+                f"{path}: {where} holds no {loaded.arch} model with its pretraining heads (a "
+                "fine-tuning run, or an exported encoder?): give a `pipeline pretrain` run or "
+                f"one of its checkpoints ({str(err).splitlines()[0]})") from err
     data = values.get("data") or {}
-    return AnalysedModel(encoder.eval(), loaded.arch,
+    return AnalysedModel(module.eval(), loaded.arch,
                          int(data.get("max_text_length", DEFAULT_TEXT_LENGTH)),
                          int(data.get("max_boxes", DEFAULT_BOXES)),
                          str(data.get("tokenizer", "") or ""), str(path), random_init)

@@ -79,11 +79,10 @@ def spacy_parser(parse_words: WordParser, skipped: Skipped) -> Parser:
     return parse
 
 
-def analyze(model: AnalysedModel, data: Sequence[tuple[ImageEntities, Sequence[EntitySentence]]],
-            features, *, parser: Parser | None, skipped: Skipped, batch_size: int = 32,
-            examples: int = 6, device: torch.device = torch.device("cpu")) -> Analysis:
-    """The tally of every head over the captions of `data` (entities.read_entities) whose images
-    are in `features` (pipeline/finetune/data.py Features)."""
+def caption_rows(data: Sequence[tuple[ImageEntities, Sequence[EntitySentence]]], features,
+                 skipped: Skipped) -> list[tuple[str, ImageEntities, EntitySentence]]:
+    """(image key, its entities, caption) of every caption whose image is in `features`; the
+    others counted in `skipped`. AnalysisError when no image of the split is there."""
     rows = []
     for entities, sentences in data:
         key = image_key(f"{entities.image_id}.jpg")
@@ -95,6 +94,15 @@ def analyze(model: AnalysedModel, data: Sequence[tuple[ImageEntities, Sequence[E
         first = image_key(f"{data[0][0].image_id}.jpg") if data else "-"
         raise AnalysisError(f"none of the {len(data)} images of the split is in the shards "
                             f"(first wants {first})")
+    return rows
+
+
+def analyze(model: AnalysedModel, data: Sequence[tuple[ImageEntities, Sequence[EntitySentence]]],
+            features, *, parser: Parser | None, skipped: Skipped, batch_size: int = 32,
+            examples: int = 6, device: torch.device = torch.device("cpu")) -> Analysis:
+    """The tally of every head over the captions of `data` (entities.read_entities) whose images
+    are in `features` (pipeline/finetune/data.py Features)."""
+    rows = caption_rows(data, features, skipped)
     tokenizer = load_tokenizer(model.tokenizer or None)
     encoder = model.encoder.to(device)
     tally, kept_examples, seen = None, [], set()
