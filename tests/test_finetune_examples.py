@@ -3,6 +3,7 @@ formats and on a generated world, and the answer vocabularies and targets (answe
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -264,3 +265,26 @@ def test_generated_world_reads_with_every_image_present(world):
         assert targets(example, vqa_vocab)[vqa_vocab.index(example.top_answer)] > 0
     gqa_vocab = build_gqa_vocab(gqa)
     assert all(targets(e, gqa_vocab) == {gqa_vocab.index(e.top_answer): 1.0} for e in gqa)
+
+
+def test_a_train_fraction_is_a_fixed_nested_subset_of_the_training_questions(world):
+    from pipeline.common.config import ConfigError
+    from pipeline.finetune.config import TaskDataConfig, load_config
+    from pipeline.finetune.data import task_examples
+
+    data = TaskDataConfig(root=str(world / "vqa"), train=("train2014",), val="val2014")
+    every, val = task_examples("vqa", data)
+    kept = {}
+    for fraction in (0.05, 0.1, 0.25):
+        train, val_here = task_examples("vqa", replace(data, train_fraction=fraction))
+        assert len(train) == round(fraction * len(every)) and val_here == val
+        ids = [e.id for e in train]
+        assert ids == [e.id for e in every if e.id in set(ids)]  # in file order
+        assert ids == [e.id for e in task_examples(
+            "vqa", replace(data, train_fraction=fraction))[0]]  # the same every time
+        kept[fraction] = set(ids)
+    assert kept[0.05] < kept[0.1] < kept[0.25]
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match="train_fraction"):
+            load_config("vqa", None, ["data.train=[train2014]", "data.val=val2014",
+                                      f"data.train_fraction={bad}"])

@@ -20,6 +20,7 @@ VERBS_WITH_SETTINGS = [
     "pretrain --config configs/pretrain/vilbert.yaml", "pretrain --config configs/pretrain/vlbert.yaml",
     "pretrain --config configs/pretrain/visualbert.yaml", "finetune vqa", "finetune vcr",
     "finetune flickr30k", "demo", "demo benchmarks", "demo end-to-end", "demo grounding",
+    "demo data-efficiency",
     "bench extract",
 ]
 

@@ -25,19 +25,23 @@ _JOINS = re.compile(r", | / | and ")  # between the names of one head
 
 
 def meanings(cls: type) -> dict[str, str]:
-    """Field name -> the docstring's text about it, one line (empty when it says nothing)."""
-    doc = " ".join((inspect.getdoc(cls) or "").split())
+    """Field name -> the docstring's text about it, one line (empty when it says nothing); a
+    dataclass that extends another says its own fields, its bases' docstrings the rest."""
     fields = {f.name for f in dataclasses.fields(cls)}
-    heads = [m for m in _HEAD.finditer(doc)
-             if set(_JOINS.split(m.group(1))) <= fields]
     found: dict[str, str] = {}
-    for head, after in zip(heads, [*heads[1:], None]):
-        text = doc[head.end(): after.start() if after else len(doc)].strip()
-        for name in _JOINS.split(head.group(1)):
-            found.setdefault(name, text)
+    preambles: list[str] = []
+    for doc in [c.__doc__ for c in cls.__mro__ if dataclasses.is_dataclass(c) and c.__doc__]:
+        doc = " ".join(inspect.cleandoc(doc).split())
+        heads = [m for m in _HEAD.finditer(doc)
+                 if set(_JOINS.split(m.group(1))) <= fields]
+        for head, after in zip(heads, [*heads[1:], None]):
+            text = doc[head.end(): after.start() if after else len(doc)].strip()
+            for name in _JOINS.split(head.group(1)):
+                found.setdefault(name, text)
+        preambles.append(doc[: heads[0].start()] if heads else doc)
     # Other entries mention fields too ("a checkpoint in `init` must hold it"): the text before
     # the first entry speaks of the fields it names, an entry only perhaps.
-    sentences = re.split(r"(?<=\.) ", doc[: heads[0].start()] if heads else doc)
+    sentences = [s for preamble in preambles for s in re.split(r"(?<=\.) ", preamble)]
     entries = list(found.values())
     for name in fields - found.keys():
         mention = re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)")

@@ -23,8 +23,9 @@ import json
 from pathlib import Path
 
 from pipeline.common.arguments import add_config_args
-from pipeline.common.config import resolve, to_dict
-from pipeline.demo.recipe import VARIANTS, DemoConfig, finetune_config, pretrain_config
+from pipeline.common.config import resolve
+from pipeline.demo.main_inputs import prepare_demo, score
+from pipeline.demo.recipe import VARIANTS, DemoConfig, finetune_config
 from pipeline.demo.trainings import Steps, Trainings
 
 HELP = "the whole pipeline learning on a laptop: world -> features -> LXMERT -> VQA, NLVR2, ..."
@@ -42,28 +43,6 @@ DESCRIPTION = (
     "grounding` (which attention heads of a pretrained VisualBERT ground the captions' entities "
     "in the image)."
 )
-def _score(task: str, run: Path, world: Path, corpus: Path) -> dict:
-    """The official metrics of a run's predictions on the held-out split (in %)."""
-    from pipeline.evaluate.nlvr2 import evaluate_nlvr2
-    from pipeline.evaluate.vqa import evaluate_vqa
-    from pipeline.finetune.data import holdout_images
-    from pipeline.finetune.predict import predict_subset, write_submission
-
-    if task == "vqa":
-        predictions = predict_subset("vqa", run, "val2014", holdout=str(corpus))
-        path = run / "minival_predictions.json"
-        write_submission("vqa", predictions, path)
-        images = {int(k.removeprefix("coco-")) for k in holdout_images(corpus)}
-        vqa = world / "vqa"
-        scores = evaluate_vqa(path, vqa / "v2_mscoco_val2014_annotations.json",
-                              vqa / "v2_OpenEnded_mscoco_val2014_questions.json", images)
-        return {"accuracy": scores.overall}
-    predictions = predict_subset("nlvr2", run, "dev")
-    path = run / "dev_predictions.csv"
-    write_submission("nlvr2", predictions, path)
-    return evaluate_nlvr2(path, world / "nlvr2" / "dev.json").as_dict()
-
-
 def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> list[Path]:
     """boxes.png and attention.png of the first held-out VQA colour question."""
     from pipeline.demo.pictures import write_example_pictures
@@ -100,10 +79,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "(pipeline/demo/benchmarks.py); end-to-end: VL-BERT's frozen vs end-to-end detector "
         "ablation on material questions (pipeline/demo/ablation.py); grounding: which attention "
         "heads of a pretrained VisualBERT ground entities, against an untrained one "
-        "(pipeline/demo/grounding.py)",
+        "(pipeline/demo/grounding.py); data-efficiency: VQA on 5-100%% of its questions, "
+        "pretrained against scratch (pipeline/demo/data_efficiency.py; --out demo_out reuses the "
+        "main demo's runs)",
     )
     parser.add_argument("--out", help="output directory (default: demo_out, or demo_ and the "
-                        "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding)")
+                        "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding, "
+                        "demo_data_efficiency)")
     add_config_args(parser, "world_seed=3")
 
 
@@ -118,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         experiment = EXPERIMENTS[args.experiment]()[1]
         out = Path(args.out or f"demo_{args.experiment.replace('-', '_')}").resolve()
         experiment(config(args), out)
-        print(f"\nresults.json in {out}")
+        print(f"\nresults in {out}")
         return 0
     return run_main(config(args), Path(args.out or "demo_out").resolve())
 
@@ -135,6 +117,12 @@ def _grounding():
     return GroundingConfig, run_grounding
 
 
+def _data_efficiency():
+    from pipeline.demo.data_efficiency import DataEfficiencyConfig, run_data_efficiency
+
+    return DataEfficiencyConfig, run_data_efficiency
+
+
 def _end_to_end():
     from pipeline.demo.ablation import AblationConfig, run_end_to_end
 
@@ -144,47 +132,21 @@ def _end_to_end():
 # The experiments besides the main demo: name -> () -> (config class, run(config, out)), imported
 # when chosen (the verb's module stays light).
 EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_end,
-               "grounding": _grounding}
-
-
-def _one_ray(engine: str):
-    """A local Ray session for the Ray engine's extractions, else nothing."""
-    import contextlib
-
-    from pipeline.common.ray_session import ray_session
-
-    if engine != "ray":
-        return contextlib.nullcontext()
-    return ray_session(None, without_ray="--set engine=local")
+               "grounding": _grounding, "data-efficiency": _data_efficiency}
 
 
 def run_main(cfg: DemoConfig, out: Path) -> int:
     """The main demo (module docstring) under `out`."""
-    from pipeline.common.assets import bundled_detector
-    from pipeline.demo.world_setup import Extraction, corpus, extract, generate, world_config
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "demo_config.json").write_text(json.dumps(to_dict(cfg), indent=2) + "\n")
     step = Steps(8)
-
-    step(f"generate a {cfg.world_images}-image world (seed {cfg.world_seed})")
-    world = generate(world_config(cfg), out / "world")
-    step("load the bundled world detector")
-    print("detector: config %s, weights %s" % bundled_detector())
-    step("extract COCO and NLVR2 images into shards")
-    extraction = Extraction(engine=cfg.engine, device="cpu", shard_size=64)
-    with _one_ray(cfg.engine):  # both extractions in one local Ray: it starts once
-        coco = extract(world, "coco", out / "features" / "coco", extraction, verify=True)
-        nlvr2 = extract(world, "nlvr2", out / "features" / "nlvr2", extraction, verify=True)
-    step("build the pretraining corpus")
-    corpus_dir = corpus(world, out / "corpus", minival_images=cfg.minival_images)
-    lxmert = pretrain_config(cfg, corpus_dir, coco)
-    pretrain_run = out / "runs" / "pretrain"
+    prepared = prepare_demo(cfg, out, step)
+    world, coco, corpus_dir = prepared.world, prepared.coco, prepared.corpus
+    lxmert, pretrain_run = prepared.pretraining, prepared.pretrain_run
     runs = {(task, variant): out / "runs" / f"{task}_{variant}"
             for task in ("vqa", "nlvr2") for variant in VARIANTS}
-    shards = {"vqa": coco, "nlvr2": nlvr2}
+    shards = {"vqa": coco, "nlvr2": prepared.nlvr2}
 
     def finetune(task: str, variant: str) -> None:
         config = finetune_config(task, cfg, variant, lxmert, pretrain_run, world, corpus_dir,
@@ -205,8 +167,8 @@ def run_main(cfg: DemoConfig, out: Path) -> int:
         trainings.wait()
     step("score the held-out splits with the official metrics")
     results = {
-        "vqa": {v: _score("vqa", runs["vqa", v], world, corpus_dir)["accuracy"] for v in VARIANTS},
-        "nlvr2": {v: _score("nlvr2", runs["nlvr2", v], world, corpus_dir) for v in VARIANTS},
+        "vqa": {v: score("vqa", runs["vqa", v], world, corpus_dir)["accuracy"] for v in VARIANTS},
+        "nlvr2": {v: score("nlvr2", runs["nlvr2", v], world, corpus_dir) for v in VARIANTS},
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     step("results")

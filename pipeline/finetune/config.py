@@ -54,6 +54,9 @@ class TaskDataConfig:
     language-only ablation: the model keeps its regions' count, nothing of their content).
     cache_mb: decoded samples kept in memory per worker, most recently used first (a dataset that
     fits is read from the shards once; reading a sample costs ~1 ms, a tiny model's step ~40).
+    train_fraction: the share of the training examples trained on (1: all), a fixed random subset
+    (the same at any seed and worker count; a smaller share's examples are in every larger one's):
+    data-efficiency curves, where pretrained and scratch models see the same questions.
     """
 
     root: str = ""
@@ -70,6 +73,7 @@ class TaskDataConfig:
     tokenizer: str = ""
     language_only: bool = False
     cache_mb: int = 1024
+    train_fraction: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class FinetuneConfig:
         check_cuda_graph(self)
         if not self.data.train or not self.data.val:
             raise ConfigError("set data.train (subsets to train on) and data.val (one subset)")
+        if not 0 < self.data.train_fraction <= 1:
+            raise ConfigError(f"data.train_fraction = {self.data.train_fraction}: must be in (0, 1]")
         return self
 
     @property

@@ -66,6 +66,14 @@ def holdout_images(corpus: Path) -> set[str]:
             from err
 
 
+def fraction_of(examples: list[Example], fraction: float) -> list[Example]:
+    """The first round(fraction * n) examples of one fixed permutation, in their order: the same
+    subset every time, and a smaller fraction's examples among every larger one's."""
+    order = np.random.default_rng(0).permutation(len(examples))
+    kept = np.sort(order[:round(fraction * len(examples))])
+    return [examples[i] for i in kept]
+
+
 def task_examples(task: str, data: TaskDataConfig) -> tuple[list[Example], list[Example]]:
     """(training examples, validation examples) of the config."""
     root = as_path(data.root)
@@ -78,6 +86,8 @@ def task_examples(task: str, data: TaskDataConfig) -> tuple[list[Example], list[
         if data.val not in data.train:  # LXMERT's nominival: the val subset outside minival
             train += [e for e in val if not set(e.images) & held]
         val = [e for e in val if set(e.images) <= held]
+    if data.train_fraction < 1:
+        train = fraction_of(train, data.train_fraction)
     if not train or not val:
         raise TaskDataError(
             f"{root}: {len(train)} training and {len(val)} validation examples for {task} "

@@ -1,0 +1,127 @@
+"""`pipeline demo data-efficiency`: how much task data pretraining is worth. LXMERT's finding
+(Tan & Bansal 2019, and the field's since) is that pretraining matters most when the task has
+little data; here it is measured on the main demo's world.
+
+The main demo's steps 1-4 and its pretraining (the same recipe; run into the main demo's --out,
+`pipeline demo --out demo_out` first, every finished step is reused, the 100% runs too), then VQA
+fine-tuned on 5, 10, 25 and 100% of the training questions (`data.train_fraction`: nested fixed
+subsets, the same questions for both models), from the pretrained LXMERT and from scratch, each
+scored with the official metric on the same held-out minival questions. A smaller share trains
+more epochs (the main demo's vqa_epochs / share, at most max_epochs), so that no run stops
+before it has learned what its data can teach. Writes results.json and data_efficiency.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.common.config import ConfigError
+from pipeline.demo.main_inputs import prepare_demo, score
+from pipeline.demo.recipe import DemoConfig, finetune_config
+from pipeline.demo.trainings import Steps, Trainings
+
+CURVE_VARIANTS = ("pretrained", "scratch")
+
+
+@dataclass(frozen=True)
+class DataEfficiencyConfig(DemoConfig):
+    """The main demo's settings (world, pretraining, VQA fine-tuning), and: fractions: the shares
+    of VQA's training questions fine-tuned on. max_epochs: the most epochs of a small share's run
+    (it trains vqa_epochs / share)."""
+
+    fractions: tuple[float, ...] = (0.05, 0.1, 0.25, 1.0)
+    max_epochs: int = 64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
+        if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
+            raise ConfigError(f"fractions = {list(self.fractions)}: each must be in (0, 1]")
+
+
+def run_name(variant: str, fraction: float) -> str:
+    """The run directory's name: the main demo's for the whole set (so its runs are reused)."""
+    return f"vqa_{variant}" if fraction == 1 else f"vqa_{variant}_{fraction * 100:g}pct"
+
+
+def epochs_for(cfg: DataEfficiencyConfig, fraction: float) -> int:
+    return min(cfg.max_epochs, round(cfg.vqa_epochs / fraction))
+
+
+def format_curve(results: dict) -> str:
+    lines = ["  share of questions   " + "".join(f"{v:>12}" for v in CURVE_VARIANTS) + "   gain"]
+    for share, row in results.items():
+        gain = row["pretrained"] - row["scratch"]
+        lines.append(f"  {share:>18}   " + "".join(f"{row[v]:12.2f}" for v in CURVE_VARIANTS)
+                     + f"  {gain:+6.2f}")
+    return "\n".join(lines)
+
+
+def draw_curve(results: dict, path: Path) -> Path:
+    """VQA accuracy against the share of training questions, one line per start."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shares = [float(s.rstrip("%")) for s in results]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for variant in CURVE_VARIANTS:
+        ax.plot(shares, [row[variant] for row in results.values()], marker="o",
+                label=f"{variant} LXMERT")
+    ax.set_xscale("log")
+    ax.set_xticks(shares, [f"{s:g}%" for s in shares])
+    ax.set_xlabel("share of VQA's training questions")
+    ax.set_ylabel("VQA accuracy on held-out minival (%)")
+    ax.set_title("what pretraining is worth, by task data")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path) -> dict:
+    """The experiment (module docstring) under `out`; returns {share: {variant: accuracy}}."""
+    from pipeline.finetune.job import finetune_job
+    from pipeline.pretrain.job import pretrain_job
+
+    step = Steps(7)
+    prepared = prepare_demo(cfg, out, step)
+    runs = {(v, f): out / "runs" / run_name(v, f) for f in cfg.fractions for v in CURVE_VARIANTS}
+
+    def finetune(variant: str, fraction: float) -> None:
+        config = finetune_config("vqa", cfg, variant, prepared.pretraining, prepared.pretrain_run,
+                                 prepared.world, prepared.corpus, prepared.coco)
+        config = dataclasses.replace(
+            config, data=dataclasses.replace(config.data, train_fraction=fraction),
+            run=dataclasses.replace(config.run, epochs=epochs_for(cfg, fraction)))
+        trainings.submit(f"vqa {variant} {fraction * 100:g}%", finetune_job, config,
+                         runs[variant, fraction])
+
+    with Trainings(cfg.parallel) as trainings:
+        step("pretrain a small LXMERT; meanwhile fine-tune VQA from scratch on each share")
+        trainings.submit("pretrain", pretrain_job, prepared.pretraining, prepared.pretrain_run)
+        for fraction in cfg.fractions:
+            finetune("scratch", fraction)
+        trainings.wait("pretrain")
+        step("fine-tune VQA from the pretrained model on each share")
+        for fraction in cfg.fractions:
+            finetune("pretrained", fraction)
+        trainings.wait()
+    step("score the held-out minival questions")
+    results = {
+        f"{fraction * 100:g}%": {
+            v: score("vqa", runs[v, fraction], prepared.world, prepared.corpus)["accuracy"]
+            for v in CURVE_VARIANTS
+        }
+        for fraction in sorted(cfg.fractions)
+    }
+    (out / "data_efficiency.json").write_text(json.dumps(results, indent=2) + "\n")
+    picture = draw_curve(results, out / "data_efficiency.png")
+    print(format_curve(results))
+    print(f"\n{out / 'data_efficiency.json'}, {picture}")
+    return results
