@@ -34,14 +34,15 @@ DESCRIPTION = (
     "Generate a synthetic world, extract its images with Ray and the bundled detector, pretrain "
     "a small LXMERT, fine-tune VQA and NLVR2 (pretrained, from scratch, language-only), score "
     "the held-out splits with the official metrics; prints the table, writes OUT/results.json "
-    "and OUT/pictures/. About 10 minutes on 2 CPU cores, two training runs at a time; a second "
+    "and OUT/pictures/. 8-10 minutes on 2 CPU cores, two training runs at a time; a second "
     "run reuses what the first finished. Sizes and world: --set world_images=..., --set "
     "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/demo.py). Three more "
     "experiments: `pipeline demo benchmarks` (VCR, RefCOCO+, Flickr30K retrieval fine-tuned and "
     "zero-shot, against their baselines), `pipeline demo end-to-end` (VL-BERT's detector "
     "trained with the transformer or frozen, on questions about material) and `pipeline demo "
     "grounding` (which attention heads of a pretrained VisualBERT ground the captions' entities "
-    "in the image)."
+    "in the image); `pipeline demo data-efficiency` (VQA on 5-100% of its questions, pretrained "
+    "against scratch)."
 )
 def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> list[Path]:
     """boxes.png and attention.png of the first held-out VQA colour question."""
