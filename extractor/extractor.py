@@ -385,9 +385,10 @@ class Extractor:
         if self.cfg.save_class_probs:
             probs = cls_probs[idx]
             arrays["cls_probs"] = _background_first(probs)
-        return self._regions(im, fetch(arrays, "regions of one image"))
+        return self._regions(im, fetch(arrays, "regions of one image"), alone=True)
 
-    def _regions(self, im: PreparedImage, arrays: dict[str, np.ndarray]) -> RegionFeatures:
+    def _regions(self, im: PreparedImage, arrays: dict[str, np.ndarray], *,
+                 alone: bool = False) -> RegionFeatures:
         return RegionFeatures(
             image_height=int(im.orig_height),
             image_width=int(im.orig_width),
@@ -398,6 +399,7 @@ class Extractor:
             attr_conf=np.asarray(arrays["attr_conf"], dtype=np.float32),
             features=np.asarray(arrays["features"]),
             cls_probs=arrays.get("cls_probs"),
+            selected_alone=alone,
         )
 
 

@@ -20,6 +20,9 @@ class RegionFeatures:
     attr_ids / attr_conf: (N,) int64 / float32, the best attribute (excluding "no attribute").
     features: (N, D) float16 (or float32), the res5 output averaged over space ("pool5_flat").
     cls_probs: (N, 1601) float32 or None; index 0 is background, index k + 1 is object id k.
+    selected_alone: the batched selection (extractor.batch_selection) could not settle this
+        image exactly, so extractor.selection.select_regions chose its regions on its own: the
+        same regions, with host syncs (a GPU waits on each).
     """
 
     image_height: int
@@ -31,6 +34,7 @@ class RegionFeatures:
     attr_conf: np.ndarray
     features: np.ndarray
     cls_probs: np.ndarray | None = None
+    selected_alone: bool = False
 
     @property
     def num_boxes(self) -> int:

@@ -25,8 +25,8 @@ def test_bench_extract_prints_one_row_per_setting(capsys, tmp_path):
     out = capsys.readouterr().out
     head = next(line for line in out.splitlines() if line.startswith("| engine |"))
     columns = [c.strip() for c in head.split("|")[1:-1]]
-    assert columns[8:] == [f"{s} ms" for s in STAGES] + ["syncs/img", "ops/img", "GFLOP/img",
-                                                          "MFU"]
+    assert columns[8:] == ["fallback"] + [f"{s} ms" for s in STAGES] + [
+        "syncs/img", "ops/img", "GFLOP/img", "MFU"]
     assert "prepare ms" in head
     rows = [line for line in out.splitlines() if line.startswith("| local |")]
     assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]
@@ -37,6 +37,7 @@ def test_bench_extract_prints_one_row_per_setting(capsys, tmp_path):
         syncs, ops, gflops = (float(c) for c in row.split("|")[-5:-2])
         assert syncs == 2 / batch  # the RPN's counts and the results: two waits per batch
         assert ops > 50 and gflops > 0
+        assert row.split("|")[9].strip() == "0.0%"  # random scores: every image settled batched
         assert row.split("|")[-2].strip() == "-"  # no MFU on a CPU
         assert numbers["batch"] == batch and numbers["mfu"] is None
         assert math.isclose(numbers["gflops_per_image"], gflops, rel_tol=0.01, abs_tol=0.05)
