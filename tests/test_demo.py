@@ -31,6 +31,9 @@ def test_demo_writes_the_results_table_and_pictures(tmp_path, capsys):
     assert (out / "pictures" / "attention.png").is_file()
     printed = capsys.readouterr().out
     assert "[8/8] results" in printed and "language_only" in printed
+    for log in (out / "runs").glob("*/train.log"):  # the bars are lines there, not redraws
+        text = log.read_text()
+        assert "\r" not in text and "100%" in text, log
 
     assert main(args) == 0  # everything reused: no step trains again
     again = capsys.readouterr().out

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from pipeline.analyze.cases import Skipped, encode_words
 from pipeline.analyze.entities import EntitySentence, ImageEntities
@@ -42,6 +41,7 @@ from pipeline.analyze.grounding import IOU_THRESHOLD, box_ious
 from pipeline.analyze.model import AnalysedModel
 from pipeline.analyze.run import caption_rows
 from pipeline.analyze.word_classes import phrase_word_classes
+from pipeline.common.progress import progress_bar
 from pipeline.common.text import load_tokenizer
 from shards.batch import RegionBatch, collate_regions
 
@@ -264,7 +264,8 @@ def cross_modal_influence(model: AnalysedModel,
     tokenizer = load_tokenizer(model.tokenizer or None)
     model = dataclasses.replace(model, encoder=model.encoder.to(device))
     tally = InfluenceTally(regions=has_region_head(model))
-    with torch.no_grad(), tqdm(total=len(rows), desc="cross-modal", unit="caption") as bar:
+    with torch.no_grad(), progress_bar(total=len(rows), desc="cross-modal",
+                                           unit="caption") as bar:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
             samples = [features[key] for key, _, _ in batch]

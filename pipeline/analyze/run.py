@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from pipeline.analyze.attention import text_to_regions
 from pipeline.analyze.cases import ENTITY, Case, Skipped, batch_cases, encode_words, sentence_cases
@@ -24,6 +23,7 @@ from pipeline.analyze.grounding import HeadTally, score_batch
 from pipeline.analyze.errors import AnalysisError
 from pipeline.analyze.model import AnalysedModel
 from pipeline.analyze.parses import Parse, WordParser, align, run_parser
+from pipeline.common.progress import progress_bar
 from pipeline.common.text import load_tokenizer
 from pipeline.finetune.retrieval import image_key
 from shards.batch import collate_regions
@@ -106,7 +106,7 @@ def analyze(model: AnalysedModel, data: Sequence[tuple[ImageEntities, Sequence[E
     tokenizer = load_tokenizer(model.tokenizer or None)
     encoder = model.encoder.to(device)
     tally, kept_examples, seen = None, [], set()
-    with torch.no_grad(), tqdm(total=len(rows), desc="analyze", unit="caption") as bar:
+    with torch.no_grad(), progress_bar(total=len(rows), desc="analyze", unit="caption") as bar:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
             samples = [features[key] for key, _, _ in batch]

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from extractor.config import DetectorConfig, PreprocessConfig, SelectionConfig
 from extractor.detector import BUTDDetector
@@ -33,6 +32,7 @@ from extractor.training import (
     unfreeze_batchnorm,
 )
 from pipeline.common.config import ConfigError
+from pipeline.common.progress import progress_bar
 from pipeline.world.scene import COLORS
 
 # The world's objects are 20-94 px in 180-340 px images, and the ground the whole image: images
@@ -361,8 +361,8 @@ def train_detector(
                     "batches": batches.state(), "log": log, "window": window}, tmp)
         tmp.replace(checkpoint)
 
-    progress = tqdm(range(start, cfg.optim.steps), desc="detector train", unit="step",
-                    initial=start, total=cfg.optim.steps)
+    progress = progress_bar(range(start, cfg.optim.steps), desc="detector train", unit="step",
+                            initial=start, total=cfg.optim.steps)
     with progress:  # an error or Ctrl-C leaves the bar closed, its line ended
         for step in progress:
             for group in optimizer.param_groups:

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from pipeline.common.config import ConfigError, to_dict
+from pipeline.common.progress import progress_bar
 from pipeline.datasets import ImageRef, list_images
 from pipeline.extract.config import ExtractJobConfig
 from pipeline.extract.detector import build_extractor, detector_record
@@ -96,7 +96,7 @@ def extract_refs(
             f"{len(refs)} images in {len(plan)} shards, "
             f"{tally.skipped_shards} done before; run config {to_dict(job.run)}"
         )
-        bar = tqdm(
+        bar = progress_bar(
             total=sum(len(u.refs) for u in units), unit="img", desc="extract",
             disable=not show_progress,
         )

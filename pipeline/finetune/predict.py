@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from tqdm import tqdm
 
 from model.tasks import TaskModel
+from pipeline.common.progress import progress_bar
 from pipeline.finetune.answers import AnswerVocab
 from pipeline.finetune.config import FinetuneConfig, config_from_dict
 from pipeline.finetune.data import EvalStream, Features, holdout_images, subset_examples
@@ -156,8 +156,8 @@ def predict_subset(task: str, run_dir: Path, subset: str, *, root: str | None = 
     stream = EvalStream(examples, features, batch_size=batch_size)
     out: list[tuple[str, str]] = []
     with torch.no_grad():
-        for rows in tqdm(stream.batches(), total=-(-len(examples) // batch_size),
-                         desc=f"predict {task} {subset}", unit="batch"):
+        for rows in progress_bar(stream.batches(), total=-(-len(examples) // batch_size),
+                                 desc=f"predict {task} {subset}", unit="batch"):
             items = [example for example, _ in rows]
             batch = run.make_batch(items, [samples for _, samples in rows])
             samples = [samples for _, samples in rows]

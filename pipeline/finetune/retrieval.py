@@ -27,8 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
+from pipeline.common.progress import progress_bar
 from pipeline.common.text import encode_texts
 from pipeline.evaluate.flickr30k import read_karpathy
 from pipeline.evaluate.inputs import EvaluationError
@@ -146,8 +146,8 @@ def score_matrix(scorer: Callable[..., torch.Tensor], task: RetrievalTask,
     scores = np.zeros((C, I), dtype=np.float32)
     total = C * I
     gallery = task.gallery([features[key] for key in image_keys])
-    with torch.no_grad(), tqdm(total=total, desc="score pairs", unit="pair",
-                               unit_scale=True) as bar:
+    with torch.no_grad(), progress_bar(total=total, desc="score pairs", unit="pair",
+                                       unit_scale=True) as bar:
         for start in range(0, total, batch_size):
             pairs = torch.arange(start, min(start + batch_size, total))
             inputs = task.gallery_pair_inputs([captions[p // I].sentence for p in pairs.tolist()],

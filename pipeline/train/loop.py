@@ -17,7 +17,6 @@ run repeats the uninterrupted one's losses.
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -28,10 +27,10 @@ import torch
 import torch.distributed as dist
 import yaml
 from torch import nn
-from tqdm import tqdm
 
 from model.compile import compile_layers
 from pipeline.common.config import ConfigError, to_dict
+from pipeline.common.progress import progress_bar
 from pipeline.common.ray_session import say
 from pipeline.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from pipeline.train.batch import TrainBatch
@@ -315,10 +314,10 @@ class Trainer:
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.log = RunLog(self.run_dir)
-        # Under Ray the bar reaches the terminal line by line: refresh it less often there.
-        bar = tqdm(total=self.total_steps, initial=self.position.step, disable=self.rank != 0,
-                   desc=self.job.name, unit="step", dynamic_ncols=True,
-                   mininterval=0.1 if sys.stderr.isatty() else 10.0)
+        # Under Ray, or into a log, the bar is a line every 10 s (pipeline/common/progress.py).
+        bar = progress_bar(total=self.total_steps, initial=self.position.step,
+                           disable=self.rank != 0, desc=self.job.name, unit="step",
+                           dynamic_ncols=True)
         window_start, window_rows = time.perf_counter(), 0
         try:  # an error or Ctrl-C leaves the bar closed, its line ended
             for done in self.steps():
