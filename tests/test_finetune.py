@@ -186,6 +186,11 @@ def test_missing_files_are_named(pretrain_world, tmp_path, capsys):
     assert finetune("vqa", tmp_path / "run", sets) == 2
     err = capsys.readouterr().err
     assert "v2_OpenEnded_mscoco_test2015_questions.json" in err
+    assert not (tmp_path / "run").exists()  # refused: no empty run directory left behind
+    (tmp_path / "kept").mkdir()  # one the user made stays
+    assert finetune("vqa", tmp_path / "kept", sets) == 2
+    assert (tmp_path / "kept").is_dir()
+    capsys.readouterr()
     assert main(["predict", "vqa", "--run", str(tmp_path / "none"), "--subset", "val2014",
                  "--out", str(tmp_path / "p.json")]) == 2
     assert "config.yaml" in capsys.readouterr().err

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.common.config import ConfigError
@@ -79,3 +81,18 @@ def writable_dir(path: str | Path) -> Location:
     except OSError as err:
         raise ConfigError(f"--out {path}: cannot write there ({err.strerror})") from None
     return path
+
+
+@contextlib.contextmanager
+def checked_out_dir(path: str | Path) -> Iterator[Location]:
+    """writable_dir(path) for a command whose other checks follow: when they fail, a local
+    directory this made is removed again if still empty (a refused command leaves nothing)."""
+    local = not is_url(path)
+    made = local and not as_path(path).exists()
+    location = writable_dir(path)
+    try:
+        yield location
+    except BaseException:
+        if made and not any(location.iterdir()):
+            location.rmdir()
+        raise

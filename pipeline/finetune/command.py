@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.common.arguments import writable_dir
+from pipeline.common.arguments import checked_out_dir
 from pipeline.common.config import ConfigError
 from pipeline.finetune.examples import TASKS
 from pipeline.train.arguments import (
@@ -73,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = with_workers(config(args).check(), args.address)
     if not cfg.data.root or not cfg.data.shards:
         raise ConfigError("set data.root (the task's released files) and data.shards")
-    writable_dir(args.out)
-    train(finetune_job, prepare_finetune(cfg), args)
+    with checked_out_dir(args.out):  # refused (bad data, say): no empty --out left behind
+        train(finetune_job, prepare_finetune(cfg), args)
     out = args.out
     print(f"run directory: {out}; submission files: pipeline predict {args.task} --run {out} ...")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline.common.arguments import writable_dir
+from pipeline.common.arguments import checked_out_dir
 from pipeline.common.config import ConfigError
 from pipeline.train.arguments import (
     add_training_args,
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = with_workers(config(args), args.address)
     if not cfg.data.corpus or not cfg.data.shards:
         raise ConfigError("set data.corpus (a `pipeline corpus build` directory) and data.shards")
-    writable_dir(args.out)
-    train(pretrain_job, prepare_pretrain(cfg), args)
+    with checked_out_dir(args.out):  # refused (bad data, say): no empty --out left behind
+        train(pretrain_job, prepare_pretrain(cfg), args)
     print(f"run directory: {args.out} (metrics.jsonl, loss_curves.png, checkpoints/)")
     return 0
