@@ -97,9 +97,10 @@ class _Phrase:
 
 
 def _cases(sentence: EntitySentence, entities: ImageEntities, pieces: Sequence[Sequence[int]],
-           boxes: np.ndarray, row: int, N: int, skipped: Skipped
+           boxes: np.ndarray, row: int, N: int, skipped: Skipped, regions: bool
            ) -> tuple[list[_Word], list[_Phrase]]:
-    """The caption's masked-LM and masked-region cases; boxes: its image's kept regions."""
+    """The caption's masked-LM and masked-region cases (none of the latter without `regions`:
+    no region head); boxes: its image's kept regions."""
     words, phrases = [], []
     for phrase in sentence.phrases:
         box = entities.box(phrase.chain) if phrase.chain else None
@@ -115,7 +116,7 @@ def _cases(sentence: EntitySentence, entities: ImageEntities, pieces: Sequence[S
             skipped.add("phrases cut off by the text length")
             continue
         words += [_Word(row, tuple(p), c, aligned) for p, c in zip(positions, classes)]
-        if box is None:
+        if box is None or not regions:
             continue
         if not aligned.any():
             skipped.add("boxed phrases with no aligned region (region test)")
@@ -276,7 +277,8 @@ def cross_modal_influence(model: AnalysedModel,
             words, phrases = [], []
             for b, ((_, entities, sentence), sample) in enumerate(zip(batch, samples)):
                 w, p = _cases(sentence, entities, pieces[b],
-                              sample.arrays["boxes"][:model.max_boxes], b, N, skipped)
+                              sample.arrays["boxes"][:model.max_boxes], b, N, skipped,
+                              tally.regions)
                 words += w
                 phrases += p
             masked_lm_cases(model, text, regions, words, tokenizer.mask_token_id, tally, device)
