@@ -4,7 +4,7 @@ import threading
 
 
 class RecordingBar:
-    """Records the bar's updates and postfixes (pipeline.extract.job builds it as it would tqdm).
+    """Records the bar's updates and postfixes (pipeline.extract.job builds it as it would its progress_bar).
 
     terminal: whether the bar draws to a terminal (ExtractProgress then redraws it every second).
     """

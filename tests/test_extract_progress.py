@@ -35,7 +35,7 @@ def test_local_engine_names_each_batch_stage_it_waits_on(five_images, tmp_path, 
     batch has to wait for the first one's: two batches are written behind the detector at
     most). Every write here waits until the bar names it, so a write the engine does not
     announce would stop the run."""
-    monkeypatch.setattr(pipeline.extract.job, "tqdm", RecordingBar)
+    monkeypatch.setattr(pipeline.extract.job, "progress_bar", RecordingBar)
     add = ShardSink.add
     writes = []
 

@@ -152,7 +152,7 @@ def _finished_shards(out: Path) -> int:
 @pytest.mark.ray
 def test_ray_run_equals_local_run_and_records_bad_images(images, reference, tmp_path, capsys,
                                                           monkeypatch):
-    monkeypatch.setattr(pipeline.extract.job, "tqdm", RecordingBar)
+    monkeypatch.setattr(pipeline.extract.job, "progress_bar", RecordingBar)
     out = tmp_path / "ray"
     assert main(_argv(images, out)) == 0
     summary = capsys.readouterr().out
