@@ -3,7 +3,6 @@ report.json and the pictures, print the summary (`pipeline analyze grounding`, a
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 from pipeline.analyze.cases import Skipped
 from pipeline.analyze.entities import read_entities
 from pipeline.analyze.errors import AnalysisError
-from pipeline.analyze.model import load_analysed_model
+from pipeline.analyze.model import AnalysisInputs
 from pipeline.analyze.parses import load_spacy, read_conllu
 from pipeline.analyze.pictures import draw_all
 from pipeline.analyze.report import grounding_report, summary
@@ -26,31 +25,19 @@ PARSES_FILE = "parses.conllu"  # looked for in the Entities root when no parses 
 
 
 @dataclass(frozen=True)
-class GroundingInputs:
-    """What `pipeline analyze grounding` reads (its --help says each)."""
+class GroundingInputs(AnalysisInputs):
+    """What `pipeline analyze grounding` reads besides the model and data: the parses (a
+    CoNLL-U file, or a spaCy model), the images for the pictures, how many examples to draw."""
 
-    run: Path
-    shards: list[str]
-    entities: Path
-    split: str = "val"
     parses: Path | None = None
     spacy: str | None = None
-    random_init: bool = False
-    seed: int = 0
     images: Path | None = None
     examples: int = 6
-    batch_size: int = 32
-    max_text_length: int | None = None
-    max_boxes: int | None = None
-    device: str = "auto"
 
 
 def analyze_grounding(inputs: GroundingInputs, out: Path) -> dict:
     """Writes out/report.json and the pictures; returns the report."""
-    model = load_analysed_model(inputs.run, random_init=inputs.random_init, seed=inputs.seed)
-    overrides = {k: v for k, v in (("max_text_length", inputs.max_text_length),
-                                   ("max_boxes", inputs.max_boxes)) if v is not None}
-    model = dataclasses.replace(model, **overrides)
+    model = inputs.model()
     problems: list = []
     data = read_entities(inputs.entities, inputs.split, problems)
     skipped = Skipped()
@@ -74,9 +61,7 @@ def analyze_grounding(inputs: GroundingInputs, out: Path) -> dict:
     analysis = analyze(model, data, features, parser=parser, skipped=skipped,
                        batch_size=inputs.batch_size, examples=inputs.examples,
                        device=pick_device(inputs.device))
-    meta = {"run": str(inputs.run), "arch": model.arch, "random_init": model.random_init,
-            "split": inputs.split, "entities": str(inputs.entities),
-            "max_text_length": model.max_text_length, "max_boxes": model.max_boxes}
+    meta = inputs.meta(model)
     report = grounding_report(analysis, meta)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")

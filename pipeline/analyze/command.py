@@ -108,9 +108,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.analyze_verb == "cross-modal":
-        from pipeline.analyze.cross_modal_report import CrossModalInputs, analyze_cross_modal
+        from pipeline.analyze.cross_modal_report import analyze_cross_modal
+        from pipeline.analyze.model import AnalysisInputs
 
-        analyze_cross_modal(CrossModalInputs(
+        analyze_cross_modal(AnalysisInputs(
             run=Path(args.run), shards=list(args.shards), entities=Path(args.entities),
             split=args.split, random_init=args.random_init, seed=args.seed,
             batch_size=args.batch_size, max_text_length=args.max_text_length,

@@ -10,12 +10,11 @@ none, in accuracy points and in loss (loss deltas are negative when removing hur
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.analyze.cross_modal import CONDITIONS, PROBES, Counts, Influence, cross_modal_influence
 from pipeline.analyze.entities import read_entities
-from pipeline.analyze.model import load_analysed_model
+from pipeline.analyze.model import AnalysisInputs
 from pipeline.analyze.word_classes import CLASSES
 from pipeline.common.devices import pick_device
 from pipeline.finetune.data import Features
@@ -27,22 +26,6 @@ REMOVED = {
     "masked_regions": {"all": "whole caption", "aligned_removed": "phrase removed",
                        "none": "no text"},
 }
-
-
-@dataclass(frozen=True)
-class CrossModalInputs:
-    """What `pipeline analyze cross-modal` reads (its --help says each)."""
-
-    run: Path
-    shards: list[str]
-    entities: Path
-    split: str = "val"
-    random_init: bool = False
-    seed: int = 0
-    batch_size: int = 16
-    max_text_length: int | None = None
-    max_boxes: int | None = None
-    device: str = "auto"
 
 
 def _entry(by_condition: dict[str, Counts]) -> dict:
@@ -134,15 +117,9 @@ def draw(report: dict, path: Path) -> Path:
     return path
 
 
-def analyze_cross_modal(inputs: CrossModalInputs, out: Path) -> dict:
+def analyze_cross_modal(inputs: AnalysisInputs, out: Path) -> dict:
     """Writes out/report.json and out/cross_modal.png; returns the report."""
-    import dataclasses
-
-    model = load_analysed_model(inputs.run, random_init=inputs.random_init, seed=inputs.seed,
-                                heads=True)
-    overrides = {k: v for k, v in (("max_text_length", inputs.max_text_length),
-                                   ("max_boxes", inputs.max_boxes)) if v is not None}
-    model = dataclasses.replace(model, **overrides)
+    model = inputs.model(heads=True)
     problems: list = []
     data = read_entities(inputs.entities, inputs.split, problems)
     influence = cross_modal_influence(model, data, Features.open(inputs.shards),
@@ -150,9 +127,7 @@ def analyze_cross_modal(inputs: CrossModalInputs, out: Path) -> dict:
                                       device=pick_device(inputs.device))
     if problems:
         influence.skipped.add("malformed caption lines", len(problems))
-    meta = {"run": str(inputs.run), "arch": model.arch, "random_init": model.random_init,
-            "split": inputs.split, "entities": str(inputs.entities),
-            "max_text_length": model.max_text_length, "max_boxes": model.max_boxes}
+    meta = inputs.meta(model)
     report = cross_modal_report(influence, meta)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")

@@ -12,6 +12,7 @@ analysis of an untrained model, the floor a trained one is measured against.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,3 +96,35 @@ def load_analysed_model(path: Path, *, random_init: bool = False, seed: int = 0,
                          int(data.get("max_text_length", DEFAULT_TEXT_LENGTH)),
                          int(data.get("max_boxes", DEFAULT_BOXES)),
                          str(data.get("tokenizer", "") or ""), str(path), random_init)
+
+
+@dataclass(frozen=True)
+class AnalysisInputs:
+    """What both analyses read (`pipeline analyze --help` says each): the model (run, random_init,
+    seed; max_text_length and max_boxes override the run's), the data (shards, entities, split),
+    how it runs (batch_size captions per step, device)."""
+
+    run: Path
+    shards: list[str]
+    entities: Path
+    split: str = "val"
+    random_init: bool = False
+    seed: int = 0
+    batch_size: int = 32
+    max_text_length: int | None = None
+    max_boxes: int | None = None
+    device: str = "auto"
+
+    def model(self, *, heads: bool = False) -> AnalysedModel:
+        """The model of `run` (load_analysed_model), with the sizes given here."""
+        model = load_analysed_model(self.run, random_init=self.random_init, seed=self.seed,
+                                    heads=heads)
+        sizes = {k: v for k, v in (("max_text_length", self.max_text_length),
+                                   ("max_boxes", self.max_boxes)) if v is not None}
+        return dataclasses.replace(model, **sizes)
+
+    def meta(self, model: AnalysedModel) -> dict:
+        """What was analysed, as a report says it."""
+        return {"run": str(self.run), "arch": model.arch, "random_init": model.random_init,
+                "split": self.split, "entities": str(self.entities),
+                "max_text_length": model.max_text_length, "max_boxes": model.max_boxes}
