@@ -42,9 +42,6 @@ def text_to_regions(arch: str, encoder: nn.Module, inputs: dict[str, torch.Tenso
     """The encoder's text -> region attention for a batch of model inputs (input_ids,
     attention_mask, token_type_ids, features, boxes, region_mask: pipeline/common/text.py and
     shards/batch.py)."""
-    if arch == "visualbert" and encoder.config.word_aligned_regions:
-        raise ValueError("a VisualBERT with word_aligned_regions needs each region's aligned "
-                         "words, which a caption of Flickr30K Entities does not give")
     T, N = inputs["input_ids"].shape[1], inputs["features"].shape[1]
     out = encoder(**inputs, output_attentions=True)
     if arch in ONE_STREAM:

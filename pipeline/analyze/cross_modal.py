@@ -36,7 +36,6 @@ import torch.nn.functional as F
 
 from pipeline.analyze.cases import Skipped, encode_words
 from pipeline.analyze.entities import EntitySentence, ImageEntities
-from pipeline.analyze.errors import AnalysisError
 from pipeline.analyze.grounding import IOU_THRESHOLD, box_ious
 from pipeline.analyze.model import AnalysedModel
 from pipeline.analyze.run import caption_rows
@@ -134,13 +133,11 @@ def has_region_head(model: AnalysedModel) -> bool:
     return model.arch in ("vlbert", "vilbert")
 
 
-def _region_logits(arch: str, out) -> torch.Tensor | None:
-    """(B, N, C) logits over the detector's object classes, or None without a region head."""
+def _region_logits(arch: str, out) -> torch.Tensor:
+    """(B, N, C) logits over the detector's object classes (a model with a region head)."""
     if arch == "lxmert":
         return out.obj_logits
-    if arch in ("vlbert", "vilbert"):
-        return out.region_class_logits[..., 1:]  # 1601 ways, background first
-    return None
+    return out.region_class_logits[..., 1:]  # VL-BERT's and ViLBERT's 1601 ways, background first
 
 
 def _forward(model: AnalysedModel, inputs: dict[str, torch.Tensor], mlm_index: torch.Tensor,
@@ -226,14 +223,11 @@ def masked_region_cases(model: AnalysedModel, text: dict[str, torch.Tensor],
     }
     out = _forward(model, {k: v.to(device) for k, v in inputs.items()},
                    torch.zeros(1, dtype=torch.long, device=device), _three(masked).to(device))
-    logits = _region_logits(model.arch, out)
-    if logits is None:
-        return
+    logits = _region_logits(model.arch, out).float().cpu()
     at = [(k, n) for k, phrase in enumerate(phrases) for n in phrase.regions]
     ks, ns = torch.tensor([k for k, _ in at]), torch.tensor([n for _, n in at])
     target = regions.object_ids[rows][ks, ns]
     classes = np.asarray([phrases[k].word_class for k, _ in at])
-    logits = logits.float().cpu()
     for c, condition in enumerate(CONDITIONS):
         picked = logits[c * K + ks, ns]  # (M, C)
         right = (picked.argmax(-1) == target).numpy()
@@ -257,16 +251,13 @@ def cross_modal_influence(model: AnalysedModel,
                           device: torch.device = torch.device("cpu")) -> Influence:
     """Both tests over the captions of `data` (entities.read_entities) whose images are in
     `features` (pipeline/finetune/data.py Features)."""
-    if model.arch == "visualbert" and model.encoder.config.word_aligned_regions:
-        raise AnalysisError("a VisualBERT with word_aligned_regions needs each region's aligned "
-                            "words, which a caption of Flickr30K Entities does not give")
     skipped = Skipped()
     rows = caption_rows(data, features, skipped)
     tokenizer = load_tokenizer(model.tokenizer or None)
     model = dataclasses.replace(model, encoder=model.encoder.to(device))
     tally = InfluenceTally(regions=has_region_head(model))
     with torch.no_grad(), progress_bar(total=len(rows), desc="cross-modal",
-                                           unit="caption") as bar:
+                                       unit="caption") as bar:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
             samples = [features[key] for key, _, _ in batch]

@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.analyze.cross_modal import CONDITIONS, PROBES, Counts, Influence, cross_modal_influence
+from pipeline.analyze.cross_modal import (
+    CONDITIONS, PROBES, Counts, Influence, cross_modal_influence,
+)
 from pipeline.analyze.entities import read_entities
 from pipeline.analyze.model import AnalysisInputs
 from pipeline.analyze.word_classes import CLASSES

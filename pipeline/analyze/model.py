@@ -4,10 +4,12 @@ cross-modal test) the model with its pretraining heads.
 --run is a `pipeline pretrain` or `pipeline finetune` run directory (its latest checkpoint), one
 of its checkpoint directories (checkpoints/step_N), or a model checkpoint in any format
 `model.checkpoints.load_checkpoint` reads (ours, Hugging Face's, LXMERT's official file). The
-grounding analysis keeps the encoder only: the heads play no part in attention. A run gives the text length and the
-number of regions it was trained with (its config.yaml's data section); the command line may
-override them. `random_init` keeps the architecture and config and draws fresh weights: the
-analysis of an untrained model, the floor a trained one is measured against.
+grounding analysis keeps the encoder only: the heads play no part in attention. A run gives the
+text length and the number of regions it was trained with (its config.yaml's data section); the
+command line may override them. A VisualBERT trained with word-aligned regions is refused: a
+caption of Flickr30K Entities does not say which words each region belongs to. `random_init`
+keeps the architecture and config and draws fresh weights: the analysis of an untrained model,
+the floor a trained one is measured against.
 """
 
 from __future__ import annotations
@@ -74,12 +76,16 @@ def load_analysed_model(path: Path, *, random_init: bool = False, seed: int = 0,
     if (values.get("visual") or {}).get("trainable"):
         raise AnalysisError(f"{path}: this run trained its detector end to end, so its model "
                             "never saw the shards' frozen features the analysis feeds it")
+    if getattr(loaded.config, "word_aligned_regions", False):
+        raise AnalysisError(f"{path}: a VisualBERT with word_aligned_regions needs each region's "
+                            "aligned words, which a caption of Flickr30K Entities does not give")
     arch = ARCHS[loaded.arch]
     torch.manual_seed(seed)
     module = (arch.pretraining if heads else arch.encoder)(loaded.config)
     if not random_init:
         state = loaded.state_dict
-        if heads and checkpoint_dir is not None:
+        whole = loaded.report.model == arch.pretraining.__name__  # LXMERT's export keeps heads
+        if heads and checkpoint_dir is not None and not whole:  # the run's whole state then
             state = load_state(checkpoint_dir)["model"]
         try:
             module.load_state_dict(state)

@@ -244,7 +244,8 @@ def format_table(rows: list[dict]) -> str:
             f"| {r['engine']}{' (compiled)' if r['compiled'] else ''} | {r['batch']} | "
             f"{r['precision']} | {r['images_per_s']:.2f} | "
             f"{r['end_to_end_per_s']:.2f} | {r['failed']} | {startup} | "
-            f"{r['boxes_per_image']:.1f} | {_percent(r['fallback'])} | {stages} | {_count(r['syncs_per_image'])} | "
+            f"{r['boxes_per_image']:.1f} | {_percent(r['fallback'])} | {stages} | "
+            f"{_count(r['syncs_per_image'])} | "
             f"{_count(r['ops_per_image'])} | {_count(r['gflops_per_image'])} | "
             f"{_percent(r['mfu'])} |"
         )

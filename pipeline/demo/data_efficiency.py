@@ -8,7 +8,8 @@ fine-tuned on 5, 10, 25 and 100% of the training questions (`data.train_fraction
 subsets, the same questions for both models), from the pretrained LXMERT and from scratch, each
 scored with the official metric on the same held-out minival questions. A smaller share trains
 more epochs (the main demo's vqa_epochs / share, at most max_epochs), so that no run stops
-before it has learned what its data can teach. Writes results.json and data_efficiency.png.
+before it has learned what its data can teach. Writes data_efficiency.json and
+data_efficiency.png (beside the main demo's results.json when run into its --out).
 """
 
 from __future__ import annotations
