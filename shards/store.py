@@ -115,6 +115,8 @@ class FeatureStore:
         self._fds: OrderedDict[int, int] = OrderedDict()
         self.directory = as_path(directory)
         self.shards = list_shards(self.directory)
+        if self.shards == [self.directory] and not self.directory.exists():
+            raise SchemaError(f"{self.directory}: no such shard directory")
         self.max_open_files = max_open_files
         index = self._load_index()
         self._keys, self._shard = index["keys"], index["shard"]

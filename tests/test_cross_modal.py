@@ -299,4 +299,10 @@ def test_what_cannot_be_analysed_is_refused_naming_the_file(pretrain_world, flic
     assert main([*base, "--run", str(run)]) == 2
     err = capsys.readouterr().err
     assert str(run) in err and "pipeline pretrain" in err
+    # Shards that are not there.
+    pretraining_run("lxmert", tmp_path / "pretrain")
+    missing = [*base[:2], "--shards", str(tmp_path / "nope"), *base[4:]]
+    assert main([*missing, "--run", str(tmp_path / "pretrain")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"pipeline: shard error: {tmp_path / 'nope'}: no such shard directory\n"
     assert not (tmp_path / "out" / "report.json").exists()

@@ -89,3 +89,9 @@ def test_duplicate_key_across_shards_is_an_error(tmp_path):
             writer.write(random_sample(rng, "same"))
     with pytest.raises(SchemaError, match="coco-same.*00000.tar.*00001.tar"):
         FeatureStore(tmp_path)
+
+
+
+def test_a_missing_directory_is_an_error_naming_it(tmp_path):
+    with pytest.raises(SchemaError, match=f"{tmp_path / 'nope'}: no such shard directory"):
+        FeatureStore(tmp_path / "nope")
