@@ -22,7 +22,8 @@ from pipeline.analyze.cross_modal import cross_modal_influence
 from pipeline.analyze.cross_modal_report import cross_modal_report
 from pipeline.analyze.entities import read_entities
 from pipeline.analyze.model import AnalysedModel
-from pipeline.analyze.word_classes import COLOURS, MATERIALS, SHAPES, phrase_word_classes
+from pipeline.analyze.word_classes import phrase_word_classes
+from pipeline.common.visual_words import COLOURS, MATERIALS, SHAPES
 from pipeline.cli import main
 from pipeline.common.text import load_tokenizer
 from pipeline.finetune.data import Features

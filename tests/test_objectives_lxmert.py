@@ -135,6 +135,26 @@ def test_word_masking_statistics_and_labels(tokenizer, big):
     assert within(random, n_chosen, 0.1), random
 
 
+def test_visual_words_masked_at_their_own_rate(tokenizer):
+    """visual_word_mask_prob masks the colours, shapes and materials at its rate, the other words
+    at word_mask_prob; each chosen word is labelled with itself."""
+    words = ["a", "red", "plastic", "triangle", "on", "the", "grass", "and", "two", "blue", "boxes"]
+    pairs, samples = make_rows(200, 1)
+    rng = np.random.default_rng(3)
+    pairs = [dataclasses.replace(p, sentence=" ".join(rng.choice(words, size=12))) for p in pairs]
+    obj = objective(tokenizer, matching=False, visual_word_mask_prob=0.6, word_mask_prob=0.05)
+    batch = obj.make_batch(pairs, samples, np.random.default_rng(4), epoch=10)
+    original, chosen = unmasked_ids(batch), dense_labels(batch) != IGNORE_INDEX
+    visual = torch.isin(original, torch.tensor(tokenizer.convert_tokens_to_ids(
+        ["red", "plastic", "triangle", "blue", "boxes"])))
+    other = ~visual & batch.inputs["attention_mask"].bool() & torch.isin(
+        original, torch.tensor(tokenizer.convert_tokens_to_ids(words)))
+    assert int(visual.sum()) > 500 and int(other.sum()) > 800
+    assert within(int((chosen & visual).sum()), int(visual.sum()), 0.6)
+    assert within(int((chosen & other).sum()), int(other.sum()), 0.05)
+    check_gather(batch)
+
+
 def test_matching_swaps_half_the_sentences_for_another_images(tokenizer, big):
     pairs, _, batch = big
     labels = batch.targets["match_labels"]
@@ -149,6 +169,24 @@ def test_matching_swaps_half_the_sentences_for_another_images(tokenizer, big):
     for i in (labels == 0).nonzero().flatten().tolist():
         j = row_of[tuple(fed[i].tolist())]
         assert pairs[j].image != pairs[i].image
+
+
+def test_mlm_sources_mask_only_the_sentences_of_their_sources(tokenizer):
+    """With mlm_sources, a row is masked by the source of the sentence it is fed, which matching
+    may have taken from another row."""
+    pairs, samples = make_rows(250, 4)
+    obj = objective(tokenizer, mlm_sources=("mscoco",))
+    batch = obj.make_batch(pairs, samples, np.random.default_rng(1), epoch=10)
+    fed, chosen = unmasked_ids(batch), dense_labels(batch) != IGNORE_INDEX
+    own = encode_texts(tokenizer, [p.sentence for p in pairs], 20)["input_ids"]
+    row_of = {tuple(own[j].tolist()): j for j in range(len(pairs))}
+    source = [pairs[row_of[tuple(fed[i].tolist())]].source for i in range(len(pairs))]
+    masked = torch.tensor([s == "mscoco" for s in source])
+    swapped_in = [i for i in range(len(pairs)) if source[i] != pairs[i].source]
+    assert swapped_in  # some rows are fed another source's sentence
+    assert not chosen[~masked].any()
+    maskable = batch.inputs["attention_mask"][masked].sum() - 2 * int(masked.sum())
+    assert within(int(chosen[masked].sum()), int(maskable), 0.15)
 
 
 def test_match_sources_limit_matching_to_their_rows(tokenizer):
@@ -527,6 +565,8 @@ def test_disabled_tasks_give_no_keys(tokenizer):
         ({"visual_losses": ("obj", "box")}, "visual_losses"),
         ({"visual_losses": ()}, "at least one"),
         ({"word_mask_prob": 1.5}, "word_mask_prob"),
+        ({"visual_word_mask_prob": -0.1}, "visual_word_mask_prob"),
+        ({"mlm_sources": ("captions",)}, "mlm_sources"),
     ],
 )
 def test_config_errors(overrides, message):

@@ -154,6 +154,25 @@ def test_token_types_and_masking_on_both_captions(tokenizer, big):
     assert within(n_chosen - to_mask - kept, n_chosen, 0.1)
 
 
+def test_visual_words_masked_at_their_own_rate(tokenizer):
+    """visual_word_mask_prob: the colours and materials of WORDS ("red", "wooden", ...) at its
+    rate in both captions, the other words at word_mask_prob; a whole batch masks none."""
+    pairs, samples = make_rows(400, seed=5)
+    obj = objective(tokenizer, visual_word_mask_prob=0.7, word_mask_prob=0.1)
+    batch = obj.make_batch(pairs, samples, np.random.default_rng(6), epoch=0)
+    original, chosen = unmasked_ids(batch), dense_labels(batch) != IGNORE_INDEX
+    visual = torch.isin(original, obj.visual_ids)
+    assert set(tokenizer.convert_ids_to_tokens(original[visual].unique().tolist())) == {
+        "red", "blue", "green", "white", "black", "wooden"}
+    other = batch.inputs["attention_mask"].bool() & ~visual & ~torch.isin(
+        original, torch.tensor([tokenizer.cls_token_id, tokenizer.sep_token_id]))
+    assert int(visual.sum()) > 800
+    assert within(int((chosen & visual).sum()), int(visual.sum()), 0.7)
+    assert within(int((chosen & other).sum()), int(other.sum()), 0.1)
+    whole = obj.make_batch(pairs, samples, np.random.default_rng(6), epoch=0, whole=True)
+    assert int((dense_labels(whole) != IGNORE_INDEX).sum()) == 0
+
+
 @pytest.mark.parametrize("long_first", [True, False])
 def test_pair_truncation_shortens_the_longer_caption(tokenizer, long_first):
     key = make_key("coco", "1")
@@ -219,6 +238,8 @@ def test_disabled_tasks_give_no_keys(tokenizer):
 def test_config_errors(tokenizer):
     with pytest.raises(ValueError, match="match_replace_prob"):
         VisualBertObjectiveConfig(match_replace_prob=-0.1)
+    with pytest.raises(ValueError, match="visual_word_mask_prob"):
+        VisualBertObjectiveConfig(visual_word_mask_prob=2.0)
     with pytest.raises(ValueError, match="at least 3"):
         objective(tokenizer, max_text_length=2)
 

@@ -13,28 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pipeline.common.visual_words import COLOURS, MATERIALS, SHAPES, plural
+
 CLASSES = ("colour", "shape", "material", "ground", "noun", "other")
 
-COLOURS = frozenset({
-    "red", "blue", "green", "yellow", "purple", "orange", "pink", "white", "brown", "gray",
-    "grey", "black", "beige", "tan", "gold", "golden", "silver", "violet", "maroon", "navy",
-})
-SHAPES = frozenset({
-    "ball", "box", "triangle", "ring", "star", "heart", "cross", "diamond", "circle", "square",
-    "cube", "sphere", "cylinder", "cone", "disc", "disk",
-})
-MATERIALS = frozenset({
-    "metal", "metallic", "wooden", "wood", "plastic", "glass", "stone", "leather", "rubber",
-    "paper", "cardboard", "steel", "iron", "cotton", "wool", "woolen", "denim",
-})
 # Not a phrase's content: what the scene's phrases and a noun's modifiers begin with.
 FUNCTION_WORDS = frozenset({"a", "an", "the", "some", "this", "that", "these", "those"})
-
-
-def _singular(word: str) -> str:
-    if word.endswith("es") and word[:-2] in SHAPES:  # boxes
-        return word[:-2]
-    return word[:-1] if word.endswith("s") and word[:-1] in SHAPES else word
+_SINGULAR = {plural(shape): shape for shape in SHAPES}
 
 
 def phrase_word_classes(words: Sequence[str], *, scene: bool) -> list[str]:
@@ -46,7 +31,7 @@ def phrase_word_classes(words: Sequence[str], *, scene: bool) -> list[str]:
     for i, word in enumerate(lowered):
         if word in COLOURS:
             classes.append("colour")
-        elif _singular(word) in SHAPES:
+        elif _SINGULAR.get(word, word) in SHAPES:
             classes.append("shape")
         elif word in MATERIALS:
             classes.append("material")

@@ -21,6 +21,7 @@ import torch
 
 from model.heads import IGNORE_INDEX
 from pipeline.common.text import encode_texts
+from pipeline.common.visual_words import visual_word_ids
 from pipeline.corpus.pairs import Pair
 from pipeline.train.batch import Objective
 from shards.batch import RegionBatch, collate_regions
@@ -58,6 +59,7 @@ class PretrainObjective(Objective):
         self.special_ids = torch.tensor(
             [tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id]
         )
+        self.visual_ids = visual_word_ids(tokenizer)
         # (positions, probability) -> the capacity of that gather, grown by batches beyond it
         # (and the objectives' other static sizes, by their own keys: `grown`)
         self._capacities: dict[tuple, int] = {}
@@ -81,6 +83,17 @@ class PretrainObjective(Objective):
         """The model's region_mask input: None for a static batch whose every region is real (36
         fixed boxes per image, say), so that attention runs with no mask; else the mask."""
         return None if self.static_shapes and bool(region_mask.all()) else region_mask
+
+    def word_mask_chances(
+        self, input_ids: torch.Tensor, prob: float, visual_prob: float | None
+    ) -> tuple[float | torch.Tensor, float]:
+        """Each wordpiece's chance of being masked, for `mask_tokens`: `prob`, and `visual_prob`
+        for the visual words (pipeline/common/visual_words.py) unless it is None; and the highest
+        of them (what sizes the static gather of the masked tokens)."""
+        if visual_prob is None:
+            return prob, prob
+        visual = torch.isin(input_ids, self.visual_ids)
+        return torch.where(visual, visual_prob, prob).double(), max(prob, visual_prob)
 
     def slots(self, chosen: torch.Tensor, prob: float) -> tuple[torch.Tensor, torch.Tensor]:
         """A fixed-size gather of the chosen positions: chosen (R, L) bool, each position chosen
@@ -143,13 +156,14 @@ def mask_tokens(
     maskable: torch.Tensor,
     rng: np.random.Generator,
     *,
-    prob: float,
+    prob: float | torch.Tensor,
     mask_id: int,
     vocab_size: int,
     width: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """BERT's masking: each maskable token is chosen with `prob`; a chosen token becomes [MASK]
-    (80%), a uniformly random vocabulary id (10%) or stays (10%), and is labelled with its id.
+    """BERT's masking: each maskable token is chosen with `prob` (one for all, or (B, T), each
+    token's own); a chosen token becomes [MASK] (80%), a uniformly random vocabulary id (10%) or
+    stays (10%), and is labelled with its id.
 
     input_ids (B, T) long, maskable (B, T) bool (False for [CLS], [SEP], [PAD]) ->
     (masked ids (B, T), labels (B, T) with IGNORE_INDEX where not chosen). width: the longest T

@@ -7,7 +7,8 @@ make_batch, per row of the batch, in this order (every draw from the trainer's `
    label 0; otherwise label 1. A batch with a single image keeps every row matched.
 2. text: `[CLS] wordpieces [SEP]`, at most max_text_length tokens, [PAD] = 0; from epoch
    `mlm_from_epoch` on, BERT masking of `word_mask_prob` of the wordpieces of the sentence
-   actually fed (mismatched ones too, as the official code does).
+   actually fed (mismatched ones too, as the official code does); of its visual words
+   `visual_word_mask_prob` where set; only sentences of `mlm_sources` where set.
 3. objects: `object_mask_prob` of the real regions are chosen; 80% get a zero feature, 10% the
    feature of a random region of another image in the batch (official: of a random image of the
    dataset), 10% stay. Targets: detector object / attribute ids (CE) and the original feature
@@ -78,6 +79,9 @@ class LxmertObjectiveConfig:
     image's?). object_prediction: masked object prediction (the targets in visual_losses).
     qa: image question answering over the corpus's answer table.
     word_mask_prob: share of wordpieces masked (never [CLS], [SEP], [PAD]).
+    visual_word_mask_prob: share of the visual words (colours, shapes, materials:
+        pipeline/common/visual_words.py) masked, when not None; the other words keep
+        word_mask_prob. Words the image settles, masked more often, make the masked LM read it.
     object_mask_prob: share of real regions masked.
     match_replace_prob: share of rows whose sentence is replaced by another image's.
     match_sources: the corpus sources whose rows take part in matching (their sentences replaced,
@@ -86,6 +90,11 @@ class LxmertObjectiveConfig:
         asks about absent things as often as present ones (the generated world does), so there
         matching can only be learned, and measured, on descriptions: [mscoco] (a region
         description names one or two objects, and another image's is often true of this one).
+    mlm_sources: the corpus sources whose sentences are masked (a row is masked by the source of
+        the sentence it is fed); the others are fed whole and add nothing to the masked LM.
+        Empty: every source (LXMERT). A question's words need not be true of its image ("Is the
+        star green?"), so they teach the masked LM the text's prior, not to read the image:
+        [mscoco, vg] masks the descriptions only (docs/results.md, "The diagnosis").
     qa_from_epoch: first epoch (0-based) with QA labels; the paper adds QA for the last 10 of 20
         epochs. Before it the QA loss is 0 (no row is labelled) but still present.
     mlm_from_epoch: first epoch with masked words (0: the paper's, from the start). Before it
@@ -107,9 +116,11 @@ class LxmertObjectiveConfig:
     object_prediction: bool = True
     qa: bool = True
     word_mask_prob: float = 0.15
+    visual_word_mask_prob: float | None = None
     object_mask_prob: float = 0.15
     match_replace_prob: float = 0.5
     match_sources: tuple[str, ...] = ()
+    mlm_sources: tuple[str, ...] = ()
     qa_from_epoch: int = 10
     mlm_from_epoch: int = 0
     visual_losses: tuple[str, ...] = VISUAL_LOSSES
@@ -120,13 +131,16 @@ class LxmertObjectiveConfig:
         # A YAML list arrives as a list; the frozen config keeps a tuple.
         object.__setattr__(self, "visual_losses", tuple(self.visual_losses))
         object.__setattr__(self, "match_sources", tuple(self.match_sources))
-        for name in ("word_mask_prob", "object_mask_prob", "match_replace_prob"):
+        object.__setattr__(self, "mlm_sources", tuple(self.mlm_sources))
+        for name in ("word_mask_prob", "visual_word_mask_prob", "object_mask_prob",
+                     "match_replace_prob"):
             value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
+            if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
-        strange = [s for s in self.match_sources if s not in SOURCES]
-        if strange:
-            raise ValueError(f"match_sources {list(strange)}: each must be one of {SOURCES}")
+        for name in ("match_sources", "mlm_sources"):
+            strange = [s for s in getattr(self, name) if s not in SOURCES]
+            if strange:
+                raise ValueError(f"{name} {list(strange)}: each must be one of {SOURCES}")
         unknown = [v for v in self.visual_losses if v not in VISUAL_LOSSES]
         if unknown or len(set(self.visual_losses)) != len(self.visual_losses):
             raise ValueError(
@@ -242,6 +256,7 @@ class LxmertObjective(PretrainObjective):
 
         # 1. Matching: which sentence each row gets.
         sentences = [p.sentence for p in pairs]
+        fed_sources = [p.source for p in pairs]
         matched = [True] * B
         if cfg.matching:
             replace = rng.random(B) < cfg.match_replace_prob
@@ -251,7 +266,8 @@ class LxmertObjective(PretrainObjective):
             for k, other in zip(rows, choose_other_rows([images[i] for i in part], rows, rng)):
                 if other is not None:
                     i, j = part[k], part[other]
-                    sentences[i], matched[i] = pairs[j].sentence, False
+                    sentences[i], fed_sources[i] = pairs[j].sentence, pairs[j].source
+                    matched[i] = False
             labels = [int(m) if taking_part[i] else IGNORE_INDEX for i, m in enumerate(matched)]
             targets["match_labels"] = torch.tensor(labels, dtype=torch.long)
 
@@ -260,13 +276,17 @@ class LxmertObjective(PretrainObjective):
         input_ids = text["input_ids"]  # (B, T)
         labels, word_prob = torch.full_like(input_ids, IGNORE_INDEX), 0.0
         if cfg.mlm and epoch >= cfg.mlm_from_epoch and not whole:
-            word_prob = cfg.word_mask_prob
+            chances, word_prob = self.word_mask_chances(input_ids, cfg.word_mask_prob,
+                                                        cfg.visual_word_mask_prob)
             maskable = ~torch.isin(input_ids, self.special_ids) & text["attention_mask"].bool()
+            if cfg.mlm_sources:
+                masked_rows = torch.tensor([s in cfg.mlm_sources for s in fed_sources])
+                maskable &= masked_rows[:, None]
             input_ids, labels = mask_tokens(
                 input_ids,
                 maskable,
                 rng,
-                prob=word_prob,
+                prob=chances,
                 mask_id=self.tokenizer.mask_token_id,
                 vocab_size=len(self.tokenizer),
                 width=self.max_text_length,

@@ -10,7 +10,8 @@ make_batch, per row, in this order (every draw from the trainer's `rng`):
 2. text: `[CLS] c1 [SEP] c2 [SEP]`, token type 0 up to the first [SEP], 1 after it; when the two
    do not fit in max_text_length the longer caption loses its last wordpiece, repeatedly (BERT's
    pair truncation). Without the matching task the text is `[CLS] c1 [SEP]`.
-3. BERT masking of `word_mask_prob` of the wordpieces of both captions.
+3. BERT masking of `word_mask_prob` of the wordpieces of both captions (of their visual words
+   `visual_word_mask_prob` where set).
 Regions are not masked (the paper: "vectors corresponding to image regions are not masked").
 """
 
@@ -43,18 +44,22 @@ class VisualBertObjectiveConfig:
     mlm / matching: switch masked LM / sentence-image prediction on; a task that is off adds no
         loss and no metric (without matching the text is the one caption c1).
     word_mask_prob: share of wordpieces masked (never [CLS], [SEP], [PAD]).
+    visual_word_mask_prob: share of the visual words (colours, shapes, materials:
+        pipeline/common/visual_words.py) masked, when not None; the other words keep
+        word_mask_prob. Words the image settles, masked more often, make the masked LM read it.
     match_replace_prob: share of rows whose second caption comes from another image.
     """
 
     mlm: bool = True
     matching: bool = True
     word_mask_prob: float = 0.15
+    visual_word_mask_prob: float | None = None
     match_replace_prob: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("word_mask_prob", "match_replace_prob"):
+        for name in ("word_mask_prob", "visual_word_mask_prob", "match_replace_prob"):
             value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
+            if value is not None and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {value}")
 
 
@@ -95,12 +100,15 @@ class VisualBertObjective(PretrainObjective):
         inputs["region_mask"] = self.region_mask_input(regions.region_mask)
         if cfg.mlm:
             maskable = ~torch.isin(input_ids, self.special_ids) & text["attention_mask"].bool()
-            word_prob = 0.0 if whole else cfg.word_mask_prob
+            chances, word_prob = self.word_mask_chances(
+                input_ids, 0.0 if whole else cfg.word_mask_prob,
+                None if whole else cfg.visual_word_mask_prob,
+            )
             input_ids, labels = mask_tokens(
                 input_ids,
                 maskable,
                 rng,
-                prob=word_prob,
+                prob=chances,
                 mask_id=self.tokenizer.mask_token_id,
                 vocab_size=len(self.tokenizer),
                 width=self.max_text_length,
