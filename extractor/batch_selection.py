@@ -28,6 +28,11 @@ from extractor.nms import f32_ceil, greedy_passes, overlaps, pairwise_iou
 
 SELECTION_PASSES = 16
 PAIRS_PER_ROI = 4
+# Region rank: NMS also runs in every class over its best TOP_PER_CLASS RoIs (all of them when
+# there are no more), which settles the top-up of sparse scenes (a few confident objects).
+TOP_PER_CLASS = 64
+# Elements of one block of select_dense's (N, classes, R, R) overlaps: 16 MB as bool.
+_DENSE_BLOCK = 1 << 24
 
 # (rows, classes), both (N, M) int64 -> (N, M, 4) float32 class-specific regressed boxes in
 # original-image pixels, clipped to the image.
@@ -59,8 +64,9 @@ class _BatchUnits:
     """Candidates for one convention, at every NMS threshold (T of them).
 
     rows, classes: (N, U) int64; conf, eligible: (N, T, U) as in selection._Units; valid: (N, U)
-    bool; known: (N, T, U) bool, the units whose confidence is exact (the others' is at most
-    any known one's); total: (N,) int64, the units the reference ranks (RoIs, or all RoI x
+    bool; known: (N, T, U) bool, the units whose confidence is exact; ceiling: (N, T) float32,
+    the most confidence any other unit, or any unit the reference ranks that is not among these,
+    can have (-1: none can); total: (N,) int64, the units the reference ranks (RoIs, or all RoI x
     class pairs); exact: (N,) bool, so far.
     """
 
@@ -70,6 +76,7 @@ class _BatchUnits:
     eligible: torch.Tensor
     valid: torch.Tensor
     known: torch.Tensor
+    ceiling: torch.Tensor
     total: torch.Tensor
     converged: torch.Tensor
     exact: torch.Tensor
@@ -107,6 +114,86 @@ def select_batch(
         units = _whole_units(valid, best_class, best_prob, boxes_of, cfg, passes)
     else:
         units = _pair_units(valid, fg_probs, best_class, boxes_of, cfg, passes)
+    return _ranked(units, fg_probs, boxes_of, cfg)
+
+
+def select_dense(
+    proposals: torch.Tensor,
+    valid: torch.Tensor,
+    fg_probs: torch.Tensor,
+    regressed: RegressedBoxes | None,
+    cfg: SelectionConfig,
+    passes: int = SELECTION_PASSES,
+) -> BatchSelection:
+    """select_regions for the N images select_batch could not settle, at once and without a host
+    sync: per-class NMS over every (RoI, class) pair, as select_regions' last resort does, so
+    every unit's confidence is known. Exact wherever NMS converged in `passes` (the `exact` and
+    `converged` flags). Arguments as select_batch's; the work is N x C x R x R per threshold,
+    done in blocks of classes."""
+    if cfg.mode == "given":
+        raise ValueError('selection mode "given" uses caller-supplied boxes: nothing to select')
+    if cfg.saved_boxes == "regressed" and regressed is None:
+        raise ValueError('saved_boxes "regressed" needs the regressed boxes')
+    fg_probs = fg_probs.masked_fill(~valid[..., None], 0.0)
+    best_class = fg_probs.argmax(dim=2)
+    n, r, num_classes = fg_probs.shape
+    rows = torch.arange(r, device=valid.device).expand(n, r)
+
+    def boxes_of(rows: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        if cfg.saved_boxes == "regressed":
+            return regressed(rows, classes)
+        return torch.gather(proposals, 1, rows[..., None].expand(-1, -1, 4))
+
+    if cfg.class_agnostic:
+        units = _whole_units(valid, best_class, fg_probs.gather(2, best_class[..., None])[..., 0],
+                             boxes_of, cfg, passes)
+        return _ranked(units, fg_probs, boxes_of, cfg)
+    thresholds, _ = _thresholds(cfg)
+    shared_iou = None
+    if cfg.saved_boxes == "proposals":
+        shared_iou = pairwise_iou(proposals, proposals, cfg.nms_plus_one)  # (N, R, R)
+    scores = fg_probs.masked_fill(~valid[..., None], -1.0).transpose(1, 2)  # (N, C, R)
+    step = max(1, _DENSE_BLOCK // max(1, n * r * r))
+    survived = torch.zeros(n, len(thresholds), num_classes, r, dtype=torch.bool,
+                           device=valid.device)
+    converged = torch.ones(n, len(thresholds), dtype=torch.bool, device=valid.device)
+    for start in range(0, num_classes, step):
+        block = scores[:, start : start + step]  # (N, Cb, R)
+        cb = block.shape[1]
+        order = torch.sort(block, dim=2, descending=True, stable=True).indices  # (N, Cb, R)
+        if shared_iou is None:
+            classes = torch.arange(start, start + cb, device=valid.device)
+            ranked_boxes = boxes_of(order.flatten(1), classes.repeat_interleave(r).expand(n, -1))
+            ranked_boxes = ranked_boxes.view(n, cb, r, 4)
+            iou = pairwise_iou(ranked_boxes, ranked_boxes, cfg.nms_plus_one)  # (N, Cb, R, R)
+        else:
+            iou = shared_iou[:, None].expand(n, cb, r, r)
+            iou = iou.gather(2, order[..., None].expand(n, cb, r, r))
+            iou = iou.gather(3, order[..., None, :].expand(n, cb, r, r))
+        ranked_valid = valid.gather(1, order.flatten(1)).view(n * cb, r)
+        for t, thresh in enumerate(thresholds):
+            overlap = overlaps(iou, thresh, cfg.nms_plus_one).view(n * cb, r, r)
+            kept, done = greedy_passes(overlap, ranked_valid, passes)
+            survived[:, t, start : start + cb].scatter_(2, order, kept.view(n, cb, r))
+            converged[:, t] &= done.view(n, cb).all(dim=1)
+    kept_probs = torch.where(survived, fg_probs.transpose(1, 2)[:, None], 0.0)  # (N, T, C, R)
+    everywhere = torch.ones_like(valid[:, 0])
+    if cfg.rank == "region":
+        conf = kept_probs.amax(dim=2)  # (N, T, R)
+        eligible = survived.any(dim=2) & (conf >= f32_ceil(cfg.score_thresh))
+        known = valid[:, None, :].expand_as(eligible)
+        units = _BatchUnits(rows, best_class, conf, eligible, valid, known, _no_ceiling(conf),
+                            valid.sum(dim=1), converged, everywhere)
+        return _ranked(units, fg_probs, boxes_of, cfg)
+    # Detection rank: every pair is a unit, numbered r * C + c as select_regions numbers them.
+    conf = kept_probs.transpose(2, 3).flatten(2)  # (N, T, R * C)
+    reach = fg_probs.flatten(1) > float(np.float32(cfg.score_thresh))
+    eligible = survived.transpose(2, 3).flatten(2) & reach[:, None, :]
+    flat = torch.arange(r * num_classes, device=valid.device).expand(n, -1)
+    pair_valid = valid.repeat_interleave(num_classes, dim=1)
+    units = _BatchUnits(flat // num_classes, flat % num_classes, conf, eligible, pair_valid,
+                        pair_valid[:, None, :].expand_as(eligible), _no_ceiling(conf),
+                        valid.sum(dim=1) * num_classes, converged, everywhere)
     return _ranked(units, fg_probs, boxes_of, cfg)
 
 
@@ -152,8 +239,8 @@ def _whole_units(valid, best_class, best_prob, boxes_of, cfg, passes) -> _BatchU
     eligible = survived & (conf >= f32_ceil(cfg.score_thresh))
     known = valid[:, None, :].expand_as(eligible)
     everywhere = torch.ones_like(valid[:, 0])
-    return _BatchUnits(rows, best_class, conf, eligible, valid, known, valid.sum(dim=1), converged,
-                  everywhere)
+    return _BatchUnits(rows, best_class, conf, eligible, valid, known, _no_ceiling(conf),
+                       valid.sum(dim=1), converged, everywhere)
 
 
 def _pair_units(valid, fg_probs, best_class, boxes_of, cfg, passes) -> _BatchUnits:
@@ -189,19 +276,85 @@ def _pair_units(valid, fg_probs, best_class, boxes_of, cfg, passes) -> _BatchUni
     if cfg.rank == "detection":
         total = valid.sum(dim=1) * num_classes
         eligible = kept & reach[:, None, :]
-        return _BatchUnits(pair_rows, pair_classes, kept_probs, eligible, pair_valid, kept, total,
-                      converged, exact)
-    # Region rank: an RoI's confidence is its best pair kept (known where that pair is above
-    # the bound); it is eligible if that pair reaches the threshold.
+        ceiling = bound[:, None].expand(n, kept.shape[1])
+        return _BatchUnits(pair_rows, pair_classes, kept_probs, eligible, pair_valid, kept,
+                           ceiling, total, converged, exact)
+    # Region rank: an RoI's confidence is its best pair kept, among these pairs and those of
+    # each class's best RoIs (`_class_top_nms`), exact where it beats the RoI's pairs in neither.
     count = kept.shape[1]
     index = pair_rows[:, None, :].expand(-1, count, -1)
     zeros = torch.zeros(n, count, r, device=fg_probs.device)
     conf = zeros.scatter_reduce(2, index, kept_probs, "amax")
-    known = zeros.scatter_reduce(2, index, kept.float(), "amax") > 0
-    eligible = known & (conf >= f32_ceil(cfg.score_thresh))
+    survived, among = _class_top_nms(fg_probs, valid, boxes_of, cfg, min(r, TOP_PER_CLASS))
+    by_class = fg_probs.transpose(1, 2)[:, None]  # (N, 1, C, R)
+    conf = torch.maximum(conf, torch.where(survived, by_class, 0.0).amax(dim=2))  # (N, T, R)
+    unseen = valid[..., None] & (fg_probs <= bound[:, None, None]) & ~among.transpose(1, 2)
+    hidden = torch.where(unseen, fg_probs, -1.0).amax(dim=2)  # (N, R): best pair not NMS'd
+    known = valid[:, None, :] & (conf > hidden[:, None, :])
+    ceiling = torch.where(known | ~valid[:, None, :], -1.0,
+                          torch.maximum(conf, hidden[:, None, :])).amax(dim=2)
+    cut = f32_ceil(cfg.score_thresh)
+    eligible = known & (conf >= cut)
     rows = torch.arange(r, device=valid.device).expand(n, r)
-    return _BatchUnits(rows, best_class, conf, eligible, valid, known, valid.sum(dim=1), converged,
-                  exact)
+    return _BatchUnits(rows, best_class, conf, eligible, valid, known, ceiling,
+                       valid.sum(dim=1), converged, hidden.amax(dim=1) < cut)
+
+
+def _class_top_nms(fg_probs, valid, boxes_of, cfg, k) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy NMS in each class over its k best RoIs, exactly (`_greedy_steps`), at every
+    threshold: fg_probs (N, R, C), valid (N, R) -> survived (N, T, C, R) bool (False beyond each
+    class's k best) and among (N, C, R) bool, the pairs within them. Every rival of such a pair
+    in its class is among them, so their survival is the reference's."""
+    thresholds, _ = _thresholds(cfg)
+    n, r, num_classes = fg_probs.shape
+    scores = fg_probs.masked_fill(~valid[..., None], -1.0).transpose(1, 2)  # (N, C, R)
+    order = torch.sort(scores, dim=2, descending=True, stable=True).indices[..., :k]
+    among = torch.zeros_like(scores, dtype=torch.bool).scatter_(2, order, True)
+    survived = torch.zeros(n, len(thresholds), num_classes, r, dtype=torch.bool,
+                           device=valid.device)
+    shared = None
+    if cfg.saved_boxes == "proposals":
+        rows = torch.arange(r, device=valid.device).expand(n, r)
+        iou = pairwise_iou(boxes_of(rows, rows), boxes_of(rows, rows), cfg.nms_plus_one)
+        shared = [overlaps(iou, t, cfg.nms_plus_one) for t in thresholds]  # (N, R, R) each
+    step = max(1, _DENSE_BLOCK // max(1, n * k * max(k, r)))
+    for start in range(0, num_classes, step):
+        block = order[:, start : start + step]  # (N, Cb, k)
+        cb = block.shape[1]
+        ranked_valid = valid.gather(1, block.flatten(1)).view(n * cb, k)
+        if shared is None:
+            classes = torch.arange(start, start + cb, device=valid.device)
+            boxes = boxes_of(block.flatten(1), classes.repeat_interleave(k).expand(n, -1))
+            boxes = boxes.view(n, cb, k, 4)
+            iou = pairwise_iou(boxes, boxes, cfg.nms_plus_one)  # (N, Cb, k, k)
+        for t, thresh in enumerate(thresholds):
+            if shared is None:
+                overlap = overlaps(iou, thresh, cfg.nms_plus_one)
+            else:
+                overlap = shared[t][:, None].expand(n, cb, r, r)
+                overlap = overlap.gather(2, block[..., None].expand(n, cb, k, r))
+                overlap = overlap.gather(3, block[..., None, :].expand(n, cb, k, k))
+            kept = _greedy_steps(overlap.reshape(n * cb, k, k), ranked_valid)
+            survived[:, t, start : start + cb].scatter_(2, block, kept.view(n, cb, k))
+    return survived, among
+
+
+def _greedy_steps(overlap: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Greedy NMS on ranked boxes, one box at a time: overlap (G, k, k) bool as in
+    extractor.nms.greedy_keep, valid (G, k) -> kept (G, k). Exact in k steps of (G, k) work,
+    without a host sync: cheaper than passes of the keep rule when k is small."""
+    removed = ~valid
+    kept = torch.zeros_like(valid)
+    for i in range(valid.shape[1]):
+        keep = ~removed[:, i]
+        kept[:, i] = keep
+        removed = removed | (keep[:, None] & overlap[:, i])
+    return kept
+
+
+def _no_ceiling(conf: torch.Tensor) -> torch.Tensor:
+    """(N, T) -1: every unit's confidence is known."""
+    return torch.full(conf.shape[:2], -1.0, device=conf.device)
 
 
 def _ranked(units: _BatchUnits, fg_probs, boxes_of, cfg) -> BatchSelection:
@@ -220,12 +373,6 @@ def _ranked(units: _BatchUnits, fg_probs, boxes_of, cfg) -> BatchSelection:
     else:
         count, most = torch.full_like(num_eligible, cfg.num_boxes), cfg.num_boxes
     count = torch.minimum(count, units.total)
-    # Exact if NMS converged up to the chosen threshold and the first `count` units in the
-    # order below all have a known confidence.
-    num_known = units.known.gather(1, pick)[:, 0].sum(dim=1)
-    later = torch.arange(units.converged.shape[1], device=chosen.device) > chosen[:, None]
-    converged = (units.converged | later).all(dim=1)
-    exact = units.exact & converged & (count <= num_known)
     # Eligible first, then kept, then the rest in unit order; padding last (selection._rank).
     group = torch.where(eligible, 0, torch.where(conf > 0, 1, 2)).masked_fill(~units.valid, 3)
     order = torch.sort(conf, dim=1, descending=True, stable=True).indices
@@ -233,6 +380,15 @@ def _ranked(units: _BatchUnits, fg_probs, boxes_of, cfg) -> BatchSelection:
     order = order[:, :most]
     if order.shape[1] < most:  # fewer units than regions asked for: pad (counts cut them)
         order = torch.cat((order, order[:, :1].expand(-1, most - order.shape[1])), dim=1)
+    # Exact if NMS converged up to the chosen threshold and the first `count` units of the order
+    # have a known confidence, each above what any other unit may have.
+    taken = torch.arange(most, device=chosen.device) < count[:, None]
+    known = units.known.gather(1, pick)[:, 0].gather(1, order)
+    lowest = torch.where(taken, conf.gather(1, order), torch.inf).amin(dim=1)
+    ceiling = units.ceiling.gather(1, chosen[:, None])[:, 0]
+    later = torch.arange(units.converged.shape[1], device=chosen.device) > chosen[:, None]
+    converged = (units.converged | later).all(dim=1)
+    exact = units.exact & converged & (known | ~taken).all(dim=1) & (lowest > ceiling)
     rows = units.rows.gather(1, order)
     classes = units.classes.gather(1, order)
     return BatchSelection(

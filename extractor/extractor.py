@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from extractor.backbone import fold_frozen_norms
-from extractor.batch_selection import SELECTION_PASSES, select_batch
+from extractor.batch_selection import SELECTION_PASSES, RegressedBoxes, select_batch, select_dense
 from extractor.canvases import canvas_groups, size_multiple
 from extractor.config import ExtractorConfig
 from extractor.detector import BUTDDetector, RoIHeadOutputs, clip_boxes
@@ -51,12 +51,34 @@ class PendingBatch:
     head: RoIHeadOutputs | None = None
     scales: torch.Tensor | None = None
     rows: dict = field(default_factory=dict)
+    selection: _SelectionInputs | None = None
 
     def ready(self) -> None:
         """Blocks until the batch's results are on the host (a host sync); `Extractor.collect`
         then waits for the device only where an image's selection is finished alone."""
         if self.transfer is not None:
             self.transfer.ready()
+
+
+@dataclass
+class _SelectionInputs:
+    """What the batched selections read of N images: rois, the batch's RoIs (every image's,
+    input pixels); proposals (N, R, 4) in original-image pixels, valid (N, R), rows (N, R) of
+    `rois`, fg_probs (N, R, C); scale (N, 1, 2) input / original, height and width (N, 1)."""
+
+    rois: torch.Tensor
+    proposals: torch.Tensor
+    valid: torch.Tensor
+    rows: torch.Tensor
+    fg_probs: torch.Tensor
+    scale: torch.Tensor
+    height: torch.Tensor
+    width: torch.Tensor
+
+    def images(self, index: torch.Tensor) -> _SelectionInputs:
+        """The inputs of the images `index` (M,) of these."""
+        return _SelectionInputs(self.rois, *(getattr(self, f)[index] for f in (
+            "proposals", "valid", "rows", "fg_probs", "scale", "height", "width")))
 
 
 class _StageClock:
@@ -307,36 +329,48 @@ class Extractor:
             # input's border can land a rounding step outside the original image.
             proposals = clip_boxes(all_rois[rows] / scale, height, width)
 
-            def regressed(sel_rows: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-                flat = rows.gather(1, sel_rows)
-                num_classes = head.box_deltas.shape[1] // 4
-                deltas = head.box_deltas.view(-1, num_classes, 4)[flat, classes]
-                decoded = self.model.decode_boxes(deltas.reshape(-1, 4), all_rois[flat].view(-1, 4))
-                return clip_boxes(decoded.view(*flat.shape, 4) / scale, height, width)
-
-            sel = select_batch(
-                proposals, valid, cls_probs[rows][..., :-1],
-                regressed if head.box_deltas is not None else None, self.cfg.selection,
-                self.selection_passes,
-            )
+            batch = _SelectionInputs(all_rois, proposals, valid, rows, cls_probs[rows][..., :-1],
+                                     scale, height, width)
+            sel = select_batch(batch.proposals, valid, batch.fg_probs, self._regressed(batch, head),
+                               self.cfg.selection, self.selection_passes)
             picked = rows.gather(1, sel.rows)
             arrays = {"boxes": sel.boxes, "object_ids": sel.object_ids,
                       "object_conf": sel.object_conf, "counts": sel.counts, "exact": sel.exact,
                       "converged": sel.converged}
+            pending.selection = batch
         else:
             picked = rows
             object_conf, object_ids = cls_probs[rows][..., :-1].max(dim=2)
             arrays = {"object_ids": object_ids, "object_conf": object_conf}
-        arrays |= {"attr_ids": attr_ids[picked], "attr_conf": attr_conf[picked],
-                   "features": head.features.to(torch.float16)[picked]}
-        if self.cfg.save_class_probs:
-            # Caffe order: background first, so column k + 1 is object id k.
-            probs = cls_probs[picked]
-            arrays["cls_probs"] = _background_first(probs)
-        pending.transfer = Transfer(arrays)
         pending.rows = {"counts": counts, "offsets": offsets, "rois": all_rois,
                         "cls_probs": cls_probs, "attr_ids": attr_ids, "attr_conf": attr_conf}
+        pending.transfer = Transfer(arrays | self._picked(pending, picked))
         return pending
+
+    def _regressed(self, batch: _SelectionInputs, head: RoIHeadOutputs) -> RegressedBoxes | None:
+        """The class-specific regressed boxes of chosen (row, class) pairs of `batch`'s images,
+        in original-image pixels (None when the head did not regress them)."""
+        if head.box_deltas is None:
+            return None
+
+        def regressed(sel_rows: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+            flat = batch.rows.gather(1, sel_rows)
+            num_classes = head.box_deltas.shape[1] // 4
+            deltas = head.box_deltas.view(-1, num_classes, 4)[flat, classes]
+            decoded = self.model.decode_boxes(deltas.reshape(-1, 4), batch.rois[flat].view(-1, 4))
+            return clip_boxes(decoded.view(*flat.shape, 4) / batch.scale, batch.height, batch.width)
+
+        return regressed
+
+    def _picked(self, pending: PendingBatch, picked: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The per-region arrays of the chosen rows `picked` (N, K) of the batch's RoIs."""
+        batch, head = pending.rows, pending.head
+        arrays = {"attr_ids": batch["attr_ids"][picked], "attr_conf": batch["attr_conf"][picked],
+                  "features": head.features.to(torch.float16)[picked]}
+        if self.cfg.save_class_probs:
+            # Caffe order: background first, so column k + 1 is object id k.
+            arrays["cls_probs"] = _background_first(batch["cls_probs"][picked])
+        return arrays
 
     def _assemble(self, pending: PendingBatch) -> list[RegionFeatures]:
         """RegionFeatures of a submitted batch: its copied results, and the images the batched
@@ -347,6 +381,9 @@ class Extractor:
         host = pending.transfer.wait("selected regions")
         if given_boxes is None and not host["converged"].all():
             self.selection_passes += self.selection_passes // 2
+        dense = {}
+        if given_boxes is None and not host["exact"].all():
+            dense = self._select_dense(pending, np.flatnonzero(~host["exact"]))
         batch = pending.rows
         counts, offsets = batch["counts"], batch["offsets"]
         results = []
@@ -354,20 +391,36 @@ class Extractor:
             if given_boxes is not None:
                 count = counts[i]
                 boxes = np.asarray(given_boxes[i], dtype=np.float32).reshape(-1, 4)
+                image = {k: v[i, :count] for k, v in host.items()} | {"boxes": boxes[:count]}
+                results.append(self._regions(im, image))
             elif host["exact"][i]:
-                count, boxes = int(host["counts"][i]), host["boxes"][i]
+                results.append(self._regions(im, _image(host, i)))
+            elif i in dense:
+                results.append(self._regions(im, dense[i], selected_by="dense"))
             else:
                 lo, hi = int(offsets[i]), int(offsets[i + 1])
                 results.append(self._select_alone(
                     im, lo, hi, batch["rois"], batch["cls_probs"], pending.head,
                     pending.scales[i], batch["attr_ids"], batch["attr_conf"],
                 ))
-                continue
-            image = {k: v[i, :count] for k, v in host.items()
-                     if k not in ("counts", "exact", "converged")}
-            image["boxes"] = boxes[:count]
-            results.append(self._regions(im, image))
         return results
+
+    def _select_dense(self, pending: PendingBatch, unsettled: np.ndarray) -> dict[int, dict]:
+        """The regions of the batch's images `unsettled` by select_batch, selected together by
+        select_dense (one host sync for all of them): {image index: arrays} for each image whose
+        NMS converged (the others are left to select_regions)."""
+        index = to_device(unsettled, self.device)
+        images = pending.selection.images(index)
+        sel = select_dense(images.proposals, images.valid, images.fg_probs,
+                           self._regressed(images, pending.head), self.cfg.selection,
+                           self.selection_passes)
+        arrays = {"boxes": sel.boxes, "object_ids": sel.object_ids,
+                  "object_conf": sel.object_conf, "counts": sel.counts, "exact": sel.exact}
+        host = fetch(arrays | self._picked(pending, images.rows.gather(1, sel.rows)),
+                     "regions of the images the batched selection left")
+        if not host["exact"].all():
+            self.selection_passes += self.selection_passes // 2
+        return {int(i): _image(host, j) for j, i in enumerate(unsettled) if host["exact"][j]}
 
     def _select_alone(self, im, lo, hi, all_rois, cls_probs, head, scale, attr_ids, attr_conf):
         """One image's regions by extractor.selection.select_regions (syncs as it needs)."""
@@ -385,10 +438,10 @@ class Extractor:
         if self.cfg.save_class_probs:
             probs = cls_probs[idx]
             arrays["cls_probs"] = _background_first(probs)
-        return self._regions(im, fetch(arrays, "regions of one image"), alone=True)
+        return self._regions(im, fetch(arrays, "regions of one image"), selected_by="alone")
 
     def _regions(self, im: PreparedImage, arrays: dict[str, np.ndarray], *,
-                 alone: bool = False) -> RegionFeatures:
+                 selected_by: str = "batch") -> RegionFeatures:
         return RegionFeatures(
             image_height=int(im.orig_height),
             image_width=int(im.orig_width),
@@ -399,8 +452,14 @@ class Extractor:
             attr_conf=np.asarray(arrays["attr_conf"], dtype=np.float32),
             features=np.asarray(arrays["features"]),
             cls_probs=arrays.get("cls_probs"),
-            selected_alone=alone,
+            selected_by=selected_by,
         )
+
+
+def _image(host: dict[str, np.ndarray], i: int) -> dict[str, np.ndarray]:
+    """Image i's regions of a batch's selection copied to the host: its first `counts[i]`."""
+    count = int(host["counts"][i])
+    return {k: v[i, :count] for k, v in host.items() if k not in ("counts", "exact", "converged")}
 
 
 def _empty_arrays(cfg: ExtractorConfig, head: RoIHeadOutputs) -> dict[str, np.ndarray]:

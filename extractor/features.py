@@ -20,9 +20,11 @@ class RegionFeatures:
     attr_ids / attr_conf: (N,) int64 / float32, the best attribute (excluding "no attribute").
     features: (N, D) float16 (or float32), the res5 output averaged over space ("pool5_flat").
     cls_probs: (N, 1601) float32 or None; index 0 is background, index k + 1 is object id k.
-    selected_alone: the batched selection (extractor.batch_selection) could not settle this
-        image exactly, so extractor.selection.select_regions chose its regions on its own: the
-        same regions, with host syncs (a GPU waits on each).
+    selected_by: which selection chose the regions, all the same regions
+        (extractor.batch_selection): "batch", the batch's pass over its images' best pairs;
+        "dense", the batched second pass over every pair, for the images the first could not
+        settle (one more host sync for the batch); "alone", extractor.selection.select_regions,
+        one image at a time with host syncs (a GPU waits on each), where neither converged.
     """
 
     image_height: int
@@ -34,7 +36,7 @@ class RegionFeatures:
     attr_conf: np.ndarray
     features: np.ndarray
     cls_probs: np.ndarray | None = None
-    selected_alone: bool = False
+    selected_by: str = "batch"
 
     @property
     def num_boxes(self) -> int:

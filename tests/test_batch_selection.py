@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from extractor import batch_selection
-from extractor.batch_selection import select_batch
+from extractor.batch_selection import select_batch, select_dense
 from extractor.config import PRESETS, SelectionConfig
 from extractor.selection import select_regions
 from test_selection import random_detections
@@ -61,11 +61,11 @@ def padded(images):
     return proposals, valid, probs, regressed
 
 
-def check(images, cfg, passes=batch_selection.SELECTION_PASSES):
-    """select_batch vs select_regions; returns the exact flags."""
+def check(images, cfg, passes=batch_selection.SELECTION_PASSES, select=select_batch):
+    """select_batch (or select_dense) vs select_regions; returns the exact flags."""
     proposals, valid, probs, regressed = padded(images)
     batch = torch.arange(len(images))[:, None]
-    sel = select_batch(proposals, valid, probs, lambda r, c: regressed[batch, r, c], cfg, passes)
+    sel = select(proposals, valid, probs, lambda r, c: regressed[batch, r, c], cfg, passes)
     for i, (p, q, r) in enumerate(images):
         if not sel.exact[i]:
             continue
@@ -107,13 +107,16 @@ def test_random_detector_scores_top_up_on_the_device(preset):
 
 
 @pytest.mark.parametrize("preset", PRESET_NAMES)
-def test_exactly_flat_scores_fall_back_except_class_agnostic(preset):
-    """Every class ties: no pair is known to beat the ones left out, so per-class NMS must
-    see all pairs (select_regions); class-agnostic NMS never leaves any out."""
+@pytest.mark.parametrize("num_rois", [50, batch_selection.TOP_PER_CLASS + 36])
+def test_exactly_flat_scores_settle_only_where_every_pair_is_seen(preset, num_rois):
+    """Every class ties: no pair is known to beat the ones left out, so per-class NMS must see
+    all pairs. Class-agnostic NMS never leaves any out; the region rank's NMS over each class's
+    best TOP_PER_CLASS RoIs sees them all when there are no more; else select_regions."""
     cfg = PRESETS[preset][1]
-    images = [detections("uniform", seed, 50) for seed in range(3)]
+    images = [detections("uniform", seed, num_rois) for seed in range(3)]
     flat = [(p, np.full_like(q, 1 / (NUM_CLASSES + 1)), r) for p, q, r in images]
-    assert check(flat, cfg) == [cfg.class_agnostic] * 3
+    every_pair = cfg.rank == "region" and num_rois <= batch_selection.TOP_PER_CLASS
+    assert check(flat, cfg) == [cfg.class_agnostic or every_pair] * 3
 
 
 def test_fewer_candidates_than_min_boxes_top_up_exactly():
@@ -135,3 +138,23 @@ def test_region_rank_on_regressed_boxes():
     cfg = SelectionConfig(mode="adaptive", saved_boxes="regressed", min_boxes=5, max_boxes=50)
     images = [detections("peaked", seed, 70) for seed in range(3)]
     assert all(check(images, cfg))
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_dense_selection_settles_every_kind_of_scores(preset, batch):
+    """select_dense (the batched second pass for what select_batch leaves) equals select_regions
+    on every image: trained-like, near-uniform, tie-heavy and exactly flat scores (where
+    select_batch must give up), the images of a batch of different sizes."""
+    cfg = PRESETS[preset][1]
+    for kind in ("peaked", "uniform", "tie-heavy", "flat"):
+        images = [detections("uniform" if kind == "flat" else kind, seed, 30 + 11 * seed)
+                  for seed in range(batch)]
+        if kind == "flat":
+            images = [(p, np.full_like(q, 1 / (NUM_CLASSES + 1)), r) for p, q, r in images]
+        assert check(images, cfg, passes=64, select=select_dense) == [True] * batch, kind
+
+
+def test_dense_selection_reports_short_passes():
+    images = [detections("uniform", seed, 50) for seed in range(3)]
+    assert not all(check(images, PRESETS["caffe"][1], passes=0, select=select_dense))

@@ -25,7 +25,7 @@ def test_bench_extract_prints_one_row_per_setting(capsys, tmp_path):
     out = capsys.readouterr().out
     head = next(line for line in out.splitlines() if line.startswith("| engine |"))
     columns = [c.strip() for c in head.split("|")[1:-1]]
-    assert columns[8:] == ["fallback"] + [f"{s} ms" for s in STAGES] + [
+    assert columns[8:] == ["dense", "fallback"] + [f"{s} ms" for s in STAGES] + [
         "syncs/img", "ops/img", "GFLOP/img", "MFU"]
     assert "prepare ms" in head
     rows = [line for line in out.splitlines() if line.startswith("| local |")]

@@ -16,10 +16,10 @@ DESCRIPTION = ("Measure extraction, pretraining, model training and end-to-end (
 
 EXTRACT_DESCRIPTION = (
     "Time the extractor stage by stage (decode, preprocess, backbone, RPN, RoI head, selection, "
-    "write) for each batch size and precision, with host syncs, ops and FLOPs per image and the "
-    "fallback (the share of images the batched selection could not settle, selected one at a "
-    "time with host syncs); with --ray, also the Ray engine on the same images, and its overhead "
-    "against the in-process engine."
+    "write) for each batch size and precision, with host syncs, ops and FLOPs per image, the "
+    "share of images the first batched selection pass left to the dense second pass, and the "
+    "fallback (the share neither settled, selected one at a time with host syncs); with --ray, "
+    "also the Ray engine on the same images, and its overhead against the in-process engine."
 )
 MODEL_DESCRIPTION = (
     "Time training steps (forward, backward, AdamW) of our model and of the transformers "

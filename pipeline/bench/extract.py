@@ -115,7 +115,8 @@ def run_engine(job: ExtractJobConfig, refs: list[ImageRef], out: Path, weights: 
         "ray_start_s": tally.seconds["ray_start"],
         "first_batch_s": tally.timeline[0][0] - start,
         "boxes_per_image": sum(tally.boxes) / max(tally.ok, 1),
-        "fallback": tally.selected_alone / max(tally.ok, 1),
+        "dense": tally.selected_by["dense"] / max(tally.ok, 1),
+        "fallback": tally.selected_by["alone"] / max(tally.ok, 1),
         **steady_stage_ms(tally),
     }
 
@@ -232,9 +233,9 @@ def _bench_settings(args, refs: list[ImageRef], engines: tuple[str, ...],
 
 def format_table(rows: list[dict]) -> str:
     head = ("| engine | batch | precision | images/s | end to end | failed | start-up s | "
-            "boxes/img | fallback | " + " | ".join(f"{s} ms" for s in STAGES) +
+            "boxes/img | dense | fallback | " + " | ".join(f"{s} ms" for s in STAGES) +
             " | syncs/img | ops/img | GFLOP/img | MFU |")
-    lines = [head, "|" + "---|" * (13 + len(STAGES))]
+    lines = [head, "|" + "---|" * (14 + len(STAGES))]
     for r in rows:
         stages = " | ".join(f"{r[s]:.1f}" for s in STAGES)
         startup = f"{r['first_batch_s']:.1f}"
@@ -244,7 +245,8 @@ def format_table(rows: list[dict]) -> str:
             f"| {r['engine']}{' (compiled)' if r['compiled'] else ''} | {r['batch']} | "
             f"{r['precision']} | {r['images_per_s']:.2f} | "
             f"{r['end_to_end_per_s']:.2f} | {r['failed']} | {startup} | "
-            f"{r['boxes_per_image']:.1f} | {_percent(r['fallback'])} | {stages} | "
+            f"{r['boxes_per_image']:.1f} | {_percent(r['dense'])} | {_percent(r['fallback'])} | "
+            f"{stages} | "
             f"{_count(r['syncs_per_image'])} | "
             f"{_count(r['ops_per_image'])} | {_count(r['gflops_per_image'])} | "
             f"{_percent(r['mfu'])} |"

@@ -172,8 +172,8 @@ class Tally:
     Extractor's STAGES, write). timeline: (time.perf_counter(), images extracted, images failed)
     as each unit was written. warmup_seconds: `seconds` once the first unit was written (the
     benchmark leaves the warm-up batch out of its stage times). folder: the output folder's
-    totals once the run is done (every run's: `folder_totals`). selected_alone: this run's
-    images whose regions the batched selection could not settle (RegionFeatures.selected_alone).
+    totals once the run is done (every run's: `folder_totals`). selected_by: this run's images
+    by the selection that chose their regions (RegionFeatures.selected_by: batch, dense, alone).
     """
 
     ok: int = 0
@@ -187,7 +187,7 @@ class Tally:
     timeline: list[tuple[float, int, int]] = field(default_factory=list)
     warmup_seconds: Counter = field(default_factory=Counter)
     folder: FolderTotals | None = None
-    selected_alone: int = 0
+    selected_by: Counter = field(default_factory=Counter)
 
 
 class ShardSink:
@@ -232,7 +232,7 @@ class ShardSink:
                 self.writer.write(sample)
                 self.tally.ok += 1
                 self.tally.boxes.append(item.features.num_boxes)
-                self.tally.selected_alone += item.features.selected_alone
+                self.tally.selected_by[item.features.selected_by] += 1
                 self.status.append(entry | {"status": "ok", "key": sample.key, "error": None})
             else:
                 self.writer.add_failure(item.ref.location, item.error)
@@ -369,8 +369,11 @@ def format_summary(tally: Tally, out_dir: Location) -> str:
     if tally.boxes:
         b = np.array(tally.boxes)
         lines.append(f"  boxes per image: mean {b.mean():.1f}, min {b.min()}, max {b.max()}")
-    if tally.selected_alone:
-        lines.append(f"  selected one image at a time: {tally.selected_alone} of {tally.ok} "
+    if tally.selected_by["dense"]:
+        lines.append(f"  selected by the dense second pass: {tally.selected_by['dense']} of "
+                     f"{tally.ok} (the first pass could not settle them; one more sync a batch)")
+    if tally.selected_by["alone"]:
+        lines.append(f"  selected one image at a time: {tally.selected_by['alone']} of {tally.ok} "
                      "(the batched selection could not settle them; same regions, host syncs)")
     wall = tally.wall_seconds
     rate = (tally.ok + failed) / wall if wall > 0 else 0.0
