@@ -28,9 +28,15 @@ from extractor.nms import f32_ceil, greedy_passes, overlaps, pairwise_iou
 
 SELECTION_PASSES = 16
 PAIRS_PER_ROI = 4
-# Region rank: NMS also runs in every class over its best TOP_PER_CLASS RoIs (all of them when
-# there are no more), which settles the top-up of sparse scenes (a few confident objects).
-TOP_PER_CLASS = 64
+# Region rank on the proposals, with at most this many RoIs an image (the batch's most), also
+# runs NMS over every (RoI, class) pair, box by box (C x R x R work): a trained detector's RPN
+# leaves few RoIs on a sparse scene, a preset keeping 36 regions ranks every one, and their
+# confidences come from any class. Beyond, the best pairs settle the images (peaked scores) or
+# the dense second pass does (`select_dense`, one more sync for the batch).
+DENSE_UP_TO = 128
+# ... in "adaptive" mode (the regions reaching the threshold, topped up to min_boxes: rarely
+# below it) over each class's best TOP_UP_RANKS RoIs only (C x R x TOP_UP_RANKS work).
+TOP_UP_RANKS = 16
 # Elements of one block of select_dense's (N, classes, R, R) overlaps: 16 MB as bool.
 _DENSE_BLOCK = 1 << 24
 
@@ -105,10 +111,7 @@ def select_batch(
     best_class = fg_probs.argmax(dim=2)  # first maximum, as select_regions
     best_prob = fg_probs.gather(2, best_class[..., None])[..., 0]
 
-    def boxes_of(rows: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-        if cfg.saved_boxes == "regressed":
-            return regressed(rows, classes)
-        return torch.gather(proposals, 1, rows[..., None].expand(-1, -1, 4))
+    boxes_of = _boxes_of(proposals, regressed, cfg)
 
     if cfg.class_agnostic:
         units = _whole_units(valid, best_class, best_prob, boxes_of, cfg, passes)
@@ -127,9 +130,9 @@ def select_dense(
 ) -> BatchSelection:
     """select_regions for the N images select_batch could not settle, at once and without a host
     sync: per-class NMS over every (RoI, class) pair, as select_regions' last resort does, so
-    every unit's confidence is known. Exact wherever NMS converged in `passes` (the `exact` and
-    `converged` flags). Arguments as select_batch's; the work is N x C x R x R per threshold,
-    done in blocks of classes."""
+    every unit's confidence is known (`_class_nms`: N x C x R x R work per threshold, in blocks
+    of classes). Exact up to DENSE_UP_TO RoIs; beyond, wherever NMS converged in `passes` (the
+    `exact` and `converged` flags). Arguments as select_batch's."""
     if cfg.mode == "given":
         raise ValueError('selection mode "given" uses caller-supplied boxes: nothing to select')
     if cfg.saved_boxes == "regressed" and regressed is None:
@@ -138,44 +141,12 @@ def select_dense(
     best_class = fg_probs.argmax(dim=2)
     n, r, num_classes = fg_probs.shape
     rows = torch.arange(r, device=valid.device).expand(n, r)
-
-    def boxes_of(rows: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
-        if cfg.saved_boxes == "regressed":
-            return regressed(rows, classes)
-        return torch.gather(proposals, 1, rows[..., None].expand(-1, -1, 4))
-
+    boxes_of = _boxes_of(proposals, regressed, cfg)
     if cfg.class_agnostic:
         units = _whole_units(valid, best_class, fg_probs.gather(2, best_class[..., None])[..., 0],
                              boxes_of, cfg, passes)
         return _ranked(units, fg_probs, boxes_of, cfg)
-    thresholds, _ = _thresholds(cfg)
-    shared_iou = None
-    if cfg.saved_boxes == "proposals":
-        shared_iou = pairwise_iou(proposals, proposals, cfg.nms_plus_one)  # (N, R, R)
-    scores = fg_probs.masked_fill(~valid[..., None], -1.0).transpose(1, 2)  # (N, C, R)
-    step = max(1, _DENSE_BLOCK // max(1, n * r * r))
-    survived = torch.zeros(n, len(thresholds), num_classes, r, dtype=torch.bool,
-                           device=valid.device)
-    converged = torch.ones(n, len(thresholds), dtype=torch.bool, device=valid.device)
-    for start in range(0, num_classes, step):
-        block = scores[:, start : start + step]  # (N, Cb, R)
-        cb = block.shape[1]
-        order = torch.sort(block, dim=2, descending=True, stable=True).indices  # (N, Cb, R)
-        if shared_iou is None:
-            classes = torch.arange(start, start + cb, device=valid.device)
-            ranked_boxes = boxes_of(order.flatten(1), classes.repeat_interleave(r).expand(n, -1))
-            ranked_boxes = ranked_boxes.view(n, cb, r, 4)
-            iou = pairwise_iou(ranked_boxes, ranked_boxes, cfg.nms_plus_one)  # (N, Cb, R, R)
-        else:
-            iou = shared_iou[:, None].expand(n, cb, r, r)
-            iou = iou.gather(2, order[..., None].expand(n, cb, r, r))
-            iou = iou.gather(3, order[..., None, :].expand(n, cb, r, r))
-        ranked_valid = valid.gather(1, order.flatten(1)).view(n * cb, r)
-        for t, thresh in enumerate(thresholds):
-            overlap = overlaps(iou, thresh, cfg.nms_plus_one).view(n * cb, r, r)
-            kept, done = greedy_passes(overlap, ranked_valid, passes)
-            survived[:, t, start : start + cb].scatter_(2, order, kept.view(n, cb, r))
-            converged[:, t] &= done.view(n, cb).all(dim=1)
+    survived, converged = _class_nms(fg_probs, valid, boxes_of, cfg, passes)
     kept_probs = torch.where(survived, fg_probs.transpose(1, 2)[:, None], 0.0)  # (N, T, C, R)
     everywhere = torch.ones_like(valid[:, 0])
     if cfg.rank == "region":
@@ -195,6 +166,14 @@ def select_dense(
                         pair_valid[:, None, :].expand_as(eligible), _no_ceiling(conf),
                         valid.sum(dim=1) * num_classes, converged, everywhere)
     return _ranked(units, fg_probs, boxes_of, cfg)
+
+
+def _boxes_of(proposals: torch.Tensor, regressed: RegressedBoxes | None,
+              cfg: SelectionConfig) -> RegressedBoxes:
+    """(rows, classes) (N, M) -> (N, M, 4): the boxes NMS runs on and the regions keep."""
+    if cfg.saved_boxes == "regressed":
+        return regressed
+    return lambda rows, classes: torch.gather(proposals, 1, rows[..., None].expand(-1, -1, 4))
 
 
 def _thresholds(cfg: SelectionConfig) -> tuple[tuple[float, ...], int]:
@@ -279,16 +258,19 @@ def _pair_units(valid, fg_probs, best_class, boxes_of, cfg, passes) -> _BatchUni
         ceiling = bound[:, None].expand(n, kept.shape[1])
         return _BatchUnits(pair_rows, pair_classes, kept_probs, eligible, pair_valid, kept,
                            ceiling, total, converged, exact)
-    # Region rank: an RoI's confidence is its best pair kept, among these pairs and those of
-    # each class's best RoIs (`_class_top_nms`), exact where it beats the RoI's pairs in neither.
+    # Region rank: an RoI's confidence is its best pair kept, exact where it beats the RoI's
+    # pairs left out (`hidden`); with few RoIs, every pair is NMS'd too (`_class_nms`).
     count = kept.shape[1]
     index = pair_rows[:, None, :].expand(-1, count, -1)
     zeros = torch.zeros(n, count, r, device=fg_probs.device)
     conf = zeros.scatter_reduce(2, index, kept_probs, "amax")
-    survived, among = _class_top_nms(fg_probs, valid, boxes_of, cfg, min(r, TOP_PER_CLASS))
-    by_class = fg_probs.transpose(1, 2)[:, None]  # (N, 1, C, R)
-    conf = torch.maximum(conf, torch.where(survived, by_class, 0.0).amax(dim=2))  # (N, T, R)
-    unseen = valid[..., None] & (fg_probs <= bound[:, None, None]) & ~among.transpose(1, 2)
+    unseen = valid[..., None] & (fg_probs <= bound[:, None, None])
+    if cfg.saved_boxes == "proposals" and r <= DENSE_UP_TO:  # each class's best RoIs too
+        ranks = r if cfg.mode == "fixed" else min(r, TOP_UP_RANKS)
+        survived, seen = _class_top_nms(fg_probs, valid, boxes_of, cfg, ranks)
+        by_class = fg_probs.transpose(1, 2)[:, None]  # (N, 1, C, R)
+        conf = torch.maximum(conf, torch.where(survived, by_class, 0.0).amax(dim=2))
+        unseen &= ~seen.transpose(1, 2)
     hidden = torch.where(unseen, fg_probs, -1.0).amax(dim=2)  # (N, R): best pair not NMS'd
     known = valid[:, None, :] & (conf > hidden[:, None, :])
     ceiling = torch.where(known | ~valid[:, None, :], -1.0,
@@ -300,43 +282,76 @@ def _pair_units(valid, fg_probs, best_class, boxes_of, cfg, passes) -> _BatchUni
                        valid.sum(dim=1), converged, hidden.amax(dim=1) < cut)
 
 
+def _class_nms(fg_probs, valid, boxes_of, cfg, passes) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy NMS in every class over all its RoIs, at every threshold, in blocks of classes:
+    fg_probs (N, R, C), valid (N, R) -> survived (N, T, C, R) bool, converged (N, T) bool. Up to
+    DENSE_UP_TO RoIs or on one box set (the proposals), box by box (exact, R steps); beyond, on
+    each class's own boxes, by `passes` passes of the keep rule (extractor.nms.greedy_passes;
+    exact where converged)."""
+    thresholds, _ = _thresholds(cfg)
+    n, r, num_classes = fg_probs.shape
+    scores = fg_probs.masked_fill(~valid[..., None], -1.0).transpose(1, 2)  # (N, C, R)
+    survived = torch.zeros(n, len(thresholds), num_classes, r, dtype=torch.bool,
+                           device=valid.device)
+    converged = torch.ones(n, len(thresholds), dtype=torch.bool, device=valid.device)
+    if cfg.saved_boxes == "proposals":
+        survived, _ = _class_top_nms(fg_probs, valid, boxes_of, cfg, r)
+        return survived, converged
+    step = max(1, _DENSE_BLOCK // max(1, n * r * r))
+    for start in range(0, num_classes, step):
+        order = torch.sort(scores[:, start : start + step], dim=2, descending=True,
+                           stable=True).indices  # (N, Cb, R)
+        cb = order.shape[1]
+        ranked_valid = valid.gather(1, order.flatten(1)).view(n * cb, r)
+        classes = torch.arange(start, start + cb, device=valid.device)
+        boxes = boxes_of(order.flatten(1), classes.repeat_interleave(r).expand(n, -1))
+        boxes = boxes.view(n, cb, r, 4)
+        iou = pairwise_iou(boxes, boxes, cfg.nms_plus_one)  # (N, Cb, R, R)
+        for t, thresh in enumerate(thresholds):
+            overlap = overlaps(iou, thresh, cfg.nms_plus_one).view(n * cb, r, r)
+            if r <= DENSE_UP_TO:
+                kept = _greedy_steps(overlap, ranked_valid)
+            else:
+                kept, done = greedy_passes(overlap, ranked_valid, passes)
+                converged[:, t] &= done.view(n, cb).all(dim=1)
+            survived[:, t, start : start + cb].scatter_(2, order, kept.view(n, cb, r))
+    return survived, converged
+
+
 def _class_top_nms(fg_probs, valid, boxes_of, cfg, k) -> tuple[torch.Tensor, torch.Tensor]:
-    """Greedy NMS in each class over its k best RoIs, exactly (`_greedy_steps`), at every
+    """Greedy NMS in every class over its k best RoIs, on the proposals (one box set), at every
     threshold: fg_probs (N, R, C), valid (N, R) -> survived (N, T, C, R) bool (False beyond each
-    class's k best) and among (N, C, R) bool, the pairs within them. Every rival of such a pair
-    in its class is among them, so their survival is the reference's."""
+    class's k best) and seen (N, C, R) bool, the pairs within them: every rival of such a pair
+    in its class is among them too, so their survival is the reference's."""
     thresholds, _ = _thresholds(cfg)
     n, r, num_classes = fg_probs.shape
     scores = fg_probs.masked_fill(~valid[..., None], -1.0).transpose(1, 2)  # (N, C, R)
     order = torch.sort(scores, dim=2, descending=True, stable=True).indices[..., :k]
-    among = torch.zeros_like(scores, dtype=torch.bool).scatter_(2, order, True)
-    survived = torch.zeros(n, len(thresholds), num_classes, r, dtype=torch.bool,
-                           device=valid.device)
-    shared = None
-    if cfg.saved_boxes == "proposals":
-        rows = torch.arange(r, device=valid.device).expand(n, r)
-        iou = pairwise_iou(boxes_of(rows, rows), boxes_of(rows, rows), cfg.nms_plus_one)
-        shared = [overlaps(iou, t, cfg.nms_plus_one) for t in thresholds]  # (N, R, R) each
-    step = max(1, _DENSE_BLOCK // max(1, n * k * max(k, r)))
-    for start in range(0, num_classes, step):
-        block = order[:, start : start + step]  # (N, Cb, k)
-        cb = block.shape[1]
-        ranked_valid = valid.gather(1, block.flatten(1)).view(n * cb, k)
-        if shared is None:
-            classes = torch.arange(start, start + cb, device=valid.device)
-            boxes = boxes_of(block.flatten(1), classes.repeat_interleave(k).expand(n, -1))
-            boxes = boxes.view(n, cb, k, 4)
-            iou = pairwise_iou(boxes, boxes, cfg.nms_plus_one)  # (N, Cb, k, k)
-        for t, thresh in enumerate(thresholds):
-            if shared is None:
-                overlap = overlaps(iou, thresh, cfg.nms_plus_one)
-            else:
-                overlap = shared[t][:, None].expand(n, cb, r, r)
-                overlap = overlap.gather(2, block[..., None].expand(n, cb, k, r))
-                overlap = overlap.gather(3, block[..., None, :].expand(n, cb, k, k))
-            kept = _greedy_steps(overlap.reshape(n * cb, k, k), ranked_valid)
-            survived[:, t, start : start + cb].scatter_(2, block, kept.view(n, cb, k))
-    return survived, among
+    seen = torch.zeros_like(scores, dtype=torch.bool).scatter_(2, order, True)
+    rows = torch.arange(r, device=valid.device).expand(n, r)
+    iou = pairwise_iou(boxes_of(rows, rows), boxes_of(rows, rows), cfg.nms_plus_one)
+    survived = torch.stack([_shared_greedy_steps(overlaps(iou, t, cfg.nms_plus_one), order, valid)
+                            for t in thresholds], dim=1)
+    return survived, seen
+
+
+def _shared_greedy_steps(overlap: torch.Tensor, order: torch.Tensor,
+                         valid: torch.Tensor) -> torch.Tensor:
+    """Greedy NMS of every class over one box set, rank by rank: overlap (N, R, R) bool, the
+    boxes' overlaps beyond the threshold; order (N, C, k), each class's k best RoIs, best first;
+    valid (N, R) -> kept (N, C, R) bool, by RoI (False beyond the k). Exact in k steps of
+    (N, C, R) work: at step i each class's i-th RoI is kept unless a kept one removed it, and
+    removes the RoIs it overlaps."""
+    n, num_classes, k = order.shape
+    r = overlap.shape[-1]
+    removed = (~valid)[:, None, :].expand(n, num_classes, r).clone()
+    kept = torch.zeros_like(removed)
+    for i in range(k):
+        roi = order[:, :, i : i + 1]  # (N, C, 1)
+        keep = ~removed.gather(2, roi)
+        kept.scatter_(2, roi, keep)
+        removed |= keep & overlap.gather(1, roi.expand(n, num_classes, r))
+    return kept
 
 
 def _greedy_steps(overlap: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -42,6 +42,9 @@ def detections(kind, seed, num_rois):
     proposals, probs, regressed = random_detections(seed, num_rois, NUM_CLASSES, 300.0, 200.0)
     if kind == "uniform":  # a random detector: nothing reaches 0.2
         probs = np.full_like(probs, 1.0 / (NUM_CLASSES + 1)) + probs * np.float32(1e-3)
+    if kind == "sparse":  # a trained detector on a few objects: 3 confident RoIs, the rest not
+        flat = np.full_like(probs, 1.0 / (NUM_CLASSES + 1)) + probs * np.float32(1e-3)
+        probs = np.concatenate([probs[:3], flat[3:]])
     return proposals, probs, regressed
 
 
@@ -107,15 +110,17 @@ def test_random_detector_scores_top_up_on_the_device(preset):
 
 
 @pytest.mark.parametrize("preset", PRESET_NAMES)
-@pytest.mark.parametrize("num_rois", [50, batch_selection.TOP_PER_CLASS + 36])
+@pytest.mark.parametrize("num_rois", [50, batch_selection.DENSE_UP_TO + 36])
 def test_exactly_flat_scores_settle_only_where_every_pair_is_seen(preset, num_rois):
     """Every class ties: no pair is known to beat the ones left out, so per-class NMS must see
-    all pairs. Class-agnostic NMS never leaves any out; the region rank's NMS over each class's
-    best TOP_PER_CLASS RoIs sees them all when there are no more; else select_regions."""
+    all pairs. Class-agnostic NMS never leaves any out, nor the region rank of "fixed" mode on
+    up to DENSE_UP_TO RoIs (NMS over every pair; "adaptive" looks at each class's best
+    TOP_UP_RANKS); the others go to the second pass."""
     cfg = PRESETS[preset][1]
     images = [detections("uniform", seed, num_rois) for seed in range(3)]
     flat = [(p, np.full_like(q, 1 / (NUM_CLASSES + 1)), r) for p, q, r in images]
-    every_pair = cfg.rank == "region" and num_rois <= batch_selection.TOP_PER_CLASS
+    every_pair = (cfg.rank == "region" and cfg.mode == "fixed"
+                  and num_rois <= batch_selection.DENSE_UP_TO)
     assert check(flat, cfg) == [cfg.class_agnostic or every_pair] * 3
 
 
@@ -156,5 +161,24 @@ def test_dense_selection_settles_every_kind_of_scores(preset, batch):
 
 
 def test_dense_selection_reports_short_passes():
-    images = [detections("uniform", seed, 50) for seed in range(3)]
-    assert not all(check(images, PRESETS["caffe"][1], passes=0, select=select_dense))
+    """Beyond DENSE_UP_TO RoIs, NMS on each class's own boxes runs in passes."""
+    many = batch_selection.DENSE_UP_TO + 36
+    images = [detections("uniform", seed, many) for seed in range(2)]
+    assert check(images, PRESETS["pb-demo"][1], passes=0, select=select_dense) == [False] * 2
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_sparse_scores_are_settled_on_the_device(preset, batch):
+    """A few confident RoIs, the rest topped up from deep in their classes: select_batch settles
+    the images it can (all of "fixed" mode's up to DENSE_UP_TO RoIs), select_dense the others,
+    each equal to select_regions."""
+    cfg = PRESETS[preset][1]
+    images = [detections("sparse", seed, 40 + 23 * seed) for seed in range(batch)]
+    exact = check(images, cfg)
+    most = max(len(p) for p, _, _ in images)  # the batch's R
+    if cfg.mode == "fixed" and cfg.rank == "region" and most <= batch_selection.DENSE_UP_TO:
+        assert all(exact)
+    left = [im for im, done in zip(images, exact) if not done]
+    if left:
+        assert check(left, cfg, passes=64, select=select_dense) == [True] * len(left)

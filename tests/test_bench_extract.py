@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline.bench.extract import STAGES, steady_rate, steady_stage_ms, with_mfu
-from pipeline.bench.peaked import logit_scale, peaked_weights
+from pipeline.bench.peaked import QUANTILES, SCALES, logit_scale, peaked_weights
 from pipeline.cli import main
 from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.extract.output import Tally
@@ -86,6 +86,14 @@ def test_peaked_scale_is_the_smallest_that_makes_the_median_roi_confident():
     assert math.log(3) / 0.1 == pytest.approx(10.99, abs=0.01)
     assert logit_scale(logits) == 16.0
     assert logit_scale(logits * 2) == 8.0  # three of five rows decide the median
+
+
+def test_sparse_scale_makes_only_the_top_three_in_a_hundred_rois_confident():
+    ahead, flat = [[0.1, 0.0, 0.0, 0.0]], [[0.0, 0.0, 0.0, 0.0]]
+    four = torch.tensor(ahead * 4 + flat * 96)
+    assert logit_scale(four, QUANTILES["sparse"]) == 16.0  # the 97th row of 100 is ahead
+    assert logit_scale(four, QUANTILES["peaked"]) == SCALES[-1]  # the median row never is
+    assert logit_scale(torch.tensor(ahead * 3 + flat * 97), QUANTILES["sparse"]) == SCALES[-1]
 
 
 def test_peaked_weights_scale_only_the_class_logits(tmp_path):

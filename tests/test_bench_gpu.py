@@ -13,6 +13,10 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert [(r["batch"], r["precision"]) for r in report["extraction"]] == [(1, "fp32"),
                                                                              (2, "fp32")]
     assert all(r["images_per_s"] > 0 and r["syncs_per_image"] > 0 for r in report["extraction"])
+    by_scores = report["by_scores"]  # --quick: batch 2, fp32; each image settled on the device
+    assert [(r["preset"], r["scores"]) for r in by_scores] == [
+        ("caffe", "sparse"), ("lxmert", "peaked"), ("lxmert", "sparse")]
+    assert all(r["fallback"] == 0 and r["images_per_s"] > 0 for r in by_scores)
     profile, = report["profile"]  # --quick: one batch of 2, fp32, each op's own CPU time
     assert (profile["batch"], profile["precision"]) == (2, "fp32")
     shares = [k["share"] for k in profile["kernels"]]
@@ -35,6 +39,7 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     text = (tmp_path / "gpu_suite.md").read_text()
     assert "## Extraction" in text and "| local | 2 | fp32 |" in text and "samples/s" in text
     assert "python -m pipeline.bench.gpu --quick" in text
+    assert "| preset | scores | engine |" in text and "| lxmert | sparse | local | 2 |" in text
     assert "## Where the detector's time goes" in text and "fp32, batch 2: " in text
     assert "## End-to-end training" in text and "trunk weights changed" in text
     assert "## The training step of the four architectures" in text and "| vilbert | bf16 |" in text

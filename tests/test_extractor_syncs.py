@@ -79,6 +79,7 @@ def test_batched_path_equals_the_per_image_reference(peaked_model, images, prese
     # Force every fallback: NMS that never converges, in the RPN and in selection.
     reference = Extractor(cfg, peaked_model)
     reference.selection_passes = 0
+    reference._select_dense = lambda pending, unsettled: {}
     monkeypatch.setattr(detector, "greedy_passes",
                         lambda o, v, p: (v, torch.zeros_like(v[:, 0])))
     alone = []

@@ -58,7 +58,8 @@ def test_world_detector_batches_settle_every_image_with_two_syncs(preset, world_
                 batched += results
     # The reference: every image selected alone by select_regions.
     reference = world_extractor(preset)
-    reference.selection_passes = 0
+    reference.selection_passes = 0  # the batched pass never converges ...
+    reference._select_dense = lambda pending, unsettled: {}  # ... and nothing else settles
     monkeypatch.setattr(detector, "greedy_passes", lambda o, v, p: (v, torch.zeros_like(v[:, 0])))
     expected = [r for start in (0, 8) for r in reference(world_images[start:start + 8])]
     assert [r.selected_by for r in expected] == ["alone"] * 16
@@ -71,7 +72,7 @@ def test_images_left_by_the_batched_pass_are_counted_in_the_summary(preset, pret
     """With the batched pass made to settle nothing (no NMS pass, nothing seen per class), the
     dense second pass selects every image, and the summary and extract.log say so."""
     monkeypatch.setattr(extractor_module, "SELECTION_PASSES", 0)
-    monkeypatch.setattr("extractor.batch_selection.TOP_PER_CLASS", 1)
+    monkeypatch.setattr("extractor.batch_selection.DENSE_UP_TO", 0)
     monkeypatch.setattr(extractor_module, "select_dense", _with_passes(64))
     out = tmp_path / "feats"
     assert main(["extract", "--dataset", "coco", "--root", str(pretrain_world.world / "coco"),

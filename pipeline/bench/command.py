@@ -87,9 +87,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     add_weights_args(extract)
     extract.add_argument("--device", help="cpu or cuda (default: cuda if available)")
     extract.add_argument(
-        "--scores", choices=["random", "peaked"], default="random",
-        help="with --random-weights: random (near-uniform class scores: selection's slowest path) "
-        "or peaked (class logits scaled until scores are as confident as a trained detector's)"
+        "--scores", choices=["random", "peaked", "sparse"], default="random",
+        help="with --random-weights: random (near-uniform class scores: selection's slowest path), "
+        "peaked (class logits scaled until scores are as confident as a trained detector's) or "
+        "sparse (until about 3 in 100 RoIs are: a trained detector on a photo of a few objects)"
     )
     extract.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     extract.add_argument(

@@ -19,7 +19,8 @@ images, after a warm-up call, outside the timed runs: exact on any device, and w
 whether a GPU waits on its host. On a known GPU (PEAK_TFLOPS), MFU = images/s x FLOPs per image
 / the GPU's dense peak for the precision. `--json OUT` writes every number. `--scores peaked` (with
 `--random-weights`) scales the random detector's class logits so that its scores are as confident
-as a trained detector's (pipeline/bench/peaked.py): selection then runs the path users' runs take.
+as a trained detector's (pipeline/bench/peaked.py): selection then runs the path users' runs take;
+`--scores sparse`, as a trained detector's on a photo of a few objects (few confident RoIs).
 """
 
 from __future__ import annotations
@@ -179,27 +180,29 @@ def same_samples(a: Path, b: Path) -> bool:
     return digests(a) == digests(b)
 
 
-def peaked_bench_weights(job: ExtractJobConfig, refs: list[ImageRef], path: Path) -> str:
-    """--scores peaked: the job's random detector, its class logits scaled on the first 8 good
-    images of `refs` (pipeline/bench/peaked.py), saved to `path`."""
-    return str(peaked_weights(job, first_good_images(job, refs, 8), path))
+def peaked_bench_weights(job: ExtractJobConfig, refs: list[ImageRef], path: Path,
+                         scores: str = "peaked") -> str:
+    """--scores peaked or sparse: the job's random detector, its class logits scaled on the
+    first 8 good images of `refs` (pipeline/bench/peaked.py), saved to `path`."""
+    return str(peaked_weights(job, first_good_images(job, refs, 8), path, scores))
 
 
 def bench_extract(args, peaked: str | None = None) -> list[dict]:
-    """The rows of `pipeline bench extract`. peaked: with --scores peaked, those weights when
-    already made by peaked_bench_weights for the same detector (the GPU suite makes them once)."""
+    """The rows of `pipeline bench extract`. peaked: with --scores peaked or sparse, those
+    weights when already made by peaked_bench_weights for the same detector and scores (the GPU
+    suite makes them once)."""
     weights = chosen_weights(args)
     folder = Path(args.images) if args.images else SAMPLE_IMAGES
     refs = bench_refs(folder, args.num_images)
     engines = ("local", "ray") if args.ray else ("local",)
     with tempfile.TemporaryDirectory() as scratch:
-        if args.scores == "peaked":
+        if args.scores != "random":
             if weights is not None:
-                raise ConfigError("--scores peaked scales a random detector: use it with "
+                raise ConfigError(f"--scores {args.scores} scales a random detector: use it with "
                                   "--random-weights (real weights give real scores)")
             weights = peaked or peaked_bench_weights(
                 resolve_job(args.config, args.sets, device=args.device), refs,
-                Path(scratch) / "peaked.safetensors",
+                Path(scratch) / "peaked.safetensors", args.scores,
             )
         return _bench_settings(args, refs, engines, weights)
 
@@ -270,7 +273,8 @@ def _percent(value: float | None) -> str:
 
 def run(args) -> int:
     rows = bench_extract(args)
-    weights = "random, peaked scores" if args.scores == "peaked" else (args.weights or "random")
+    weights = (f"random, {args.scores} scores" if args.scores != "random"
+               else (args.weights or "random"))
     print(f"hardware: {hardware()}; detector weights: {weights}")
     print(format_table(rows))
     if args.json:

@@ -108,6 +108,40 @@ def extraction(quick: bool, device: str | None, weights: str,
     return rows
 
 
+SCORE_ROWS = (("caffe", "sparse"), ("lxmert", "peaked"), ("lxmert", "sparse"))
+
+
+def extraction_by_scores(quick: bool, device: str | None, peaked: str, scratch: str) -> list[dict]:
+    """Extraction rows of the presets that top up below their threshold (caffe: at least 10
+    regions, lxmert: 36) on peaked and sparse scores (pipeline/bench/peaked.py), bf16 at batch 32
+    (--quick: fp32, batch 2), each row with its "preset" and "scores"; the peaked weights are
+    the suite's, the sparse ones made here."""
+    sets = QUICK_DETECTOR if quick else []
+    job = resolve_job(None, sets, device=device)
+    sparse = peaked_bench_weights(job, bench_refs(SAMPLE_IMAGES, 40),
+                                  Path(scratch) / "sparse.safetensors", "sparse")
+    rows = []
+    for preset, scores in SCORE_ROWS:
+        args = argparse.Namespace(
+            weights=None, random_weights=True, scores=scores, images=None, ray=False, json=None,
+            num_images=4 if quick else 320, batch_sizes="2" if quick else "32",
+            precisions="fp32" if quick else "bf16", device=device, config=None,
+            sets=sets + [f"preset={preset}"],
+        )
+        weights = peaked if scores == "peaked" else sparse
+        rows += [{"preset": preset, "scores": scores} | row
+                 for row in bench_extract(args, peaked=weights)]
+    return rows
+
+
+def format_by_scores(rows: list[dict]) -> str:
+    """format_table with each row's preset and scores in front."""
+    table = format_table(rows).splitlines()
+    labels = ["| preset | scores ", "|---|---"] + [f"| {r['preset']} | {r['scores']} "
+                                                   for r in rows]
+    return "\n".join(label + line for label, line in zip(labels, table))
+
+
 def detector_profiles(quick: bool, device: str | None, weights: str) -> list[dict]:
     """profile_detector of `weights` (suite_weights) in bf16 at batches 16 and 32 (--quick: the
     small detector in fp32 at batch 2)."""
@@ -218,6 +252,8 @@ def write_report(report: dict, out: Path) -> str:
         *section(report, "extraction",
                  "## Extraction: real R101 at 600/1000, random weights with peaked scores",
                  format_table),
+        *section(report, "by_scores", "## Extraction by preset and scores: the top-up below the "
+                 "threshold on a few confident RoIs (sparse)", format_by_scores),
         *section(report, "profile", "## Where the detector's time goes (the Extractor alone, "
                  "profiled)", lambda rows: "\n".join(format_profile(r) + "\n" for r in rows)),
         *section(report, "training", "## Training: our LXMERT against transformers', and the "
@@ -257,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         weights = suite_weights(args.quick, args.device, scratch)
         run_part(report, "extraction",
                  lambda: extraction(args.quick, args.device, weights, args.compile))
+        run_part(report, "by_scores",
+                 lambda: extraction_by_scores(args.quick, args.device, weights, scratch))
         run_part(report, "profile", lambda: detector_profiles(args.quick, args.device, weights))
     run_part(report, "training", lambda: training(args.quick, args.device,
                                                   out / "gpu_suite_model.json", args.compile))
