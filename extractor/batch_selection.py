@@ -103,16 +103,8 @@ def select_batch(
     regressed: the regressed boxes, needed when cfg.saved_boxes is "regressed"; passes: of
     greedy NMS.
     """
-    if cfg.mode == "given":
-        raise ValueError('selection mode "given" uses caller-supplied boxes: nothing to select')
-    if cfg.saved_boxes == "regressed" and regressed is None:
-        raise ValueError('saved_boxes "regressed" needs the regressed boxes')
-    fg_probs = fg_probs.masked_fill(~valid[..., None], 0.0)
-    best_class = fg_probs.argmax(dim=2)  # first maximum, as select_regions
-    best_prob = fg_probs.gather(2, best_class[..., None])[..., 0]
-
-    boxes_of = _boxes_of(proposals, regressed, cfg)
-
+    fg_probs, best_class, best_prob, boxes_of = _inputs(proposals, valid, fg_probs, regressed,
+                                                        cfg)
     if cfg.class_agnostic:
         units = _whole_units(valid, best_class, best_prob, boxes_of, cfg, passes)
     else:
@@ -133,19 +125,13 @@ def select_dense(
     every unit's confidence is known (`_class_nms`: N x C x R x R work per threshold, in blocks
     of classes). Exact up to DENSE_UP_TO RoIs; beyond, wherever NMS converged in `passes` (the
     `exact` and `converged` flags). Arguments as select_batch's."""
-    if cfg.mode == "given":
-        raise ValueError('selection mode "given" uses caller-supplied boxes: nothing to select')
-    if cfg.saved_boxes == "regressed" and regressed is None:
-        raise ValueError('saved_boxes "regressed" needs the regressed boxes')
-    fg_probs = fg_probs.masked_fill(~valid[..., None], 0.0)
-    best_class = fg_probs.argmax(dim=2)
+    fg_probs, best_class, best_prob, boxes_of = _inputs(proposals, valid, fg_probs, regressed,
+                                                        cfg)
+    if cfg.class_agnostic:
+        units = _whole_units(valid, best_class, best_prob, boxes_of, cfg, passes)
+        return _ranked(units, fg_probs, boxes_of, cfg)
     n, r, num_classes = fg_probs.shape
     rows = torch.arange(r, device=valid.device).expand(n, r)
-    boxes_of = _boxes_of(proposals, regressed, cfg)
-    if cfg.class_agnostic:
-        units = _whole_units(valid, best_class, fg_probs.gather(2, best_class[..., None])[..., 0],
-                             boxes_of, cfg, passes)
-        return _ranked(units, fg_probs, boxes_of, cfg)
     survived, converged = _class_nms(fg_probs, valid, boxes_of, cfg, passes)
     kept_probs = torch.where(survived, fg_probs.transpose(1, 2)[:, None], 0.0)  # (N, T, C, R)
     everywhere = torch.ones_like(valid[:, 0])
@@ -168,12 +154,24 @@ def select_dense(
     return _ranked(units, fg_probs, boxes_of, cfg)
 
 
-def _boxes_of(proposals: torch.Tensor, regressed: RegressedBoxes | None,
-              cfg: SelectionConfig) -> RegressedBoxes:
-    """(rows, classes) (N, M) -> (N, M, 4): the boxes NMS runs on and the regions keep."""
+def _inputs(proposals, valid, fg_probs, regressed, cfg):
+    """The selections' checks and shared inputs: fg_probs with the padding's rows zeroed, each
+    RoI's best class (the first maximum, as select_regions) and its probability, and boxes_of:
+    (rows, classes) (N, M) -> (N, M, 4), the boxes NMS runs on and the regions keep."""
+    if cfg.mode == "given":
+        raise ValueError('selection mode "given" uses caller-supplied boxes: nothing to select')
+    if cfg.saved_boxes == "regressed" and regressed is None:
+        raise ValueError('saved_boxes "regressed" needs the regressed boxes')
+    fg_probs = fg_probs.masked_fill(~valid[..., None], 0.0)
+    best_class = fg_probs.argmax(dim=2)
+    best_prob = fg_probs.gather(2, best_class[..., None])[..., 0]
     if cfg.saved_boxes == "regressed":
-        return regressed
-    return lambda rows, classes: torch.gather(proposals, 1, rows[..., None].expand(-1, -1, 4))
+        return fg_probs, best_class, best_prob, regressed
+
+    def boxes_of(rows: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        return torch.gather(proposals, 1, rows[..., None].expand(-1, -1, 4))
+
+    return fg_probs, best_class, best_prob, boxes_of
 
 
 def _thresholds(cfg: SelectionConfig) -> tuple[tuple[float, ...], int]:
