@@ -27,6 +27,19 @@ def test_hadolint_passes(dockerfile):
 
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_base_and_uv_images_are_build_arguments_with_the_registry_defaults(dockerfile):
+    """Where no registry is reachable, `--build-arg BASE_IMAGE=... --build-arg UV_IMAGE=...`
+    name local stand-ins; every FROM and the uv copy go through them."""
+    lines = [line.strip() for line in dockerfile.read_text().splitlines()]
+    base = {"Dockerfile.cpu": "python:3.11-slim-bookworm",
+            "Dockerfile.gpu": "nvidia/cuda:13.0.1-runtime-ubuntu24.04"}[dockerfile.name]
+    assert f"ARG BASE_IMAGE={base}" in lines and "ARG UV_IMAGE=ghcr.io/astral-sh/uv:0.13.9" in lines
+    assert [line for line in lines if line.startswith("FROM ")] == [
+        "FROM ${UV_IMAGE} AS uv", "FROM ${BASE_IMAGE}"]
+    assert "COPY --from=uv /uv /uvx /usr/local/bin/" in lines
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_the_image_is_built_by_the_install_script_as_a_non_root_user(dockerfile):
     lines = [line.strip() for line in dockerfile.read_text().splitlines()]
     assert "RUN bash docker/install.sh /opt/pipeline" in lines
