@@ -1,0 +1,71 @@
+"""The CPU image built and run the way users run it (opt-in: -m container). docker/build-local.sh
+builds it with podman from a Debian stand-in for the registry's base image; podman's layer cache
+makes a rebuild of an unchanged tree fast. Then jobs run from the image on a mounted volume as
+user 1001, and what they write is on the host, owned by 1001 and readable."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("VLPIPE_PODMAN", "/var/tmp/vlpipe-podman"))
+ASSETS = "/opt/pipeline/pipeline/assets"
+
+pytestmark = [
+    pytest.mark.container,
+    pytest.mark.skipif(os.geteuid() != 0, reason="podman builds here as root"),
+    pytest.mark.skipif(
+        not all(shutil.which(t) for t in ("podman", "runc", "mmdebstrap")),
+        reason="needs podman, runc and mmdebstrap (apt-get install podman runc mmdebstrap)",
+    ),
+]
+
+
+def podman_env() -> dict:
+    return {**os.environ, "CONTAINERS_CONF": str(STATE / "containers.conf"),
+            "CONTAINERS_STORAGE_CONF": str(STATE / "storage.conf")}
+
+
+@pytest.fixture(scope="module")
+def cpu_image() -> str:
+    subprocess.run(["bash", str(ROOT / "docker" / "build-local.sh"), "cpu"], check=True,
+                   env={**os.environ, "VLPIPE_PODMAN": str(STATE)})
+    return "localhost/vlpipe:cpu"
+
+
+def run(image: str, *args: str, volume: Path | None = None) -> subprocess.CompletedProcess:
+    mount = ["-v", f"{volume}:/data"] if volume else []
+    return subprocess.run(["podman", "run", "--rm", "--network=host", *mount, image, *args],
+                          env=podman_env(), capture_output=True, text=True)
+
+
+def test_the_image_runs_pipeline_as_user_1001(cpu_image):
+    done = run(cpu_image, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "usage: pipeline" in done.stdout
+    who = subprocess.run(["podman", "run", "--rm", "--entrypoint", "id", cpu_image, "-u"],
+                         env=podman_env(), capture_output=True, text=True)
+    assert who.stdout.strip() == "1001"
+
+
+def test_world_and_extraction_from_the_image_on_a_mounted_volume(cpu_image, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    os.chown(data, 1001, 1001)
+    done = run(cpu_image, "world", "generate", "--out", "/data/world", "--images", "12",
+               volume=data)
+    assert done.returncode == 0, done.stderr
+    done = run(cpu_image, "extract", "--dataset", "coco", "--root", "/data/world/coco",
+               "--out", "/data/feats", "--config", f"{ASSETS}/world_detector.yaml",
+               "--weights", f"{ASSETS}/world_detector.safetensors", "--engine", "local",
+               "--device", "cpu", volume=data)
+    assert done.returncode == 0, done.stderr
+    shards = sorted((data / "feats").glob("*.tar"))
+    assert shards and (data / "feats" / "extract.log").read_text()
+    for path in [*shards, data / "world" / "world.json"]:
+        assert path.stat().st_uid == 1001 and os.access(path, os.R_OK), path
