@@ -45,25 +45,30 @@ def world_extractor(preset: str):
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_world_detector_batches_settle_every_image_with_two_syncs(preset, world_images,
                                                                   monkeypatch):
+    """Batches of 1, 3 and 8 (the last of 3 holds one image): at most 2 syncs each, every image
+    settled by the first pass, the regions select_regions' image by image."""
     assert len(world_images) == 16
     extractor = world_extractor(preset)
     extractor(world_images[:1])  # the RPN's NMS prefix settles on the first batch
-    batched = []
-    for size in (4, 8):
+    batched = {}
+    for size in (1, 3, 8):
+        batched[size] = []
         for start in range(0, 16, size):
-            results, counts = count_dispatch(lambda: extractor(world_images[start:start + size]))
+            chunk = world_images[start:start + size]
+            results, counts = count_dispatch(lambda: extractor(chunk))
             assert counts.syncs <= 2, (size, dict(counts.sync_ops))
-            assert [r.selected_by for r in results] == ["batch"] * size
-            if size == 8:
-                batched += results
+            assert [r.selected_by for r in results] == ["batch"] * len(chunk)
+            batched[size] += results
     # The reference: every image selected alone by select_regions.
     reference = world_extractor(preset)
     reference.selection_passes = 0  # the batched pass never converges ...
     reference._select_dense = lambda pending, unsettled: {}  # ... and nothing else settles
     monkeypatch.setattr(detector, "greedy_passes", lambda o, v, p: (v, torch.zeros_like(v[:, 0])))
-    expected = [r for start in (0, 8) for r in reference(world_images[start:start + 8])]
-    assert [r.selected_by for r in expected] == ["alone"] * 16
-    _same(batched, expected)
+    for size, results in batched.items():  # the same batches: padding is the batch's
+        expected = [r for start in range(0, 16, size)
+                    for r in reference(world_images[start:start + size])]
+        assert [r.selected_by for r in expected] == ["alone"] * 16
+        _same(results, expected)
 
 
 @pytest.mark.parametrize("preset", ["caffe", "lxmert"])
