@@ -288,13 +288,13 @@ def _class_nms(fg_probs, valid, boxes_of, cfg, passes) -> tuple[torch.Tensor, to
     exact where converged)."""
     thresholds, _ = _thresholds(cfg)
     n, r, num_classes = fg_probs.shape
-    scores = fg_probs.masked_fill(~valid[..., None], -1.0).transpose(1, 2)  # (N, C, R)
-    survived = torch.zeros(n, len(thresholds), num_classes, r, dtype=torch.bool,
-                           device=valid.device)
     converged = torch.ones(n, len(thresholds), dtype=torch.bool, device=valid.device)
     if cfg.saved_boxes == "proposals":
         survived, _ = _class_top_nms(fg_probs, valid, boxes_of, cfg, r)
         return survived, converged
+    scores = fg_probs.masked_fill(~valid[..., None], -1.0).transpose(1, 2)  # (N, C, R)
+    survived = torch.zeros(n, len(thresholds), num_classes, r, dtype=torch.bool,
+                           device=valid.device)
     step = max(1, _DENSE_BLOCK // max(1, n * r * r))
     for start in range(0, num_classes, step):
         order = torch.sort(scores[:, start : start + step], dim=2, descending=True,
@@ -326,8 +326,8 @@ def _class_top_nms(fg_probs, valid, boxes_of, cfg, k) -> tuple[torch.Tensor, tor
     scores = fg_probs.masked_fill(~valid[..., None], -1.0).transpose(1, 2)  # (N, C, R)
     order = torch.sort(scores, dim=2, descending=True, stable=True).indices[..., :k]
     seen = torch.zeros_like(scores, dtype=torch.bool).scatter_(2, order, True)
-    rows = torch.arange(r, device=valid.device).expand(n, r)
-    iou = pairwise_iou(boxes_of(rows, rows), boxes_of(rows, rows), cfg.nms_plus_one)
+    proposals = boxes_of(torch.arange(r, device=valid.device).expand(n, r), None)
+    iou = pairwise_iou(proposals, proposals, cfg.nms_plus_one)
     survived = torch.stack([_shared_greedy_steps(overlaps(iou, t, cfg.nms_plus_one), order, valid)
                             for t in thresholds], dim=1)
     return survived, seen

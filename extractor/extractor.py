@@ -331,8 +331,9 @@ class Extractor:
 
             batch = _SelectionInputs(all_rois, proposals, valid, rows, cls_probs[rows][..., :-1],
                                      scale, height, width)
-            sel = select_batch(batch.proposals, valid, batch.fg_probs, self._regressed(batch, head),
-                               self.cfg.selection, self.selection_passes)
+            sel = select_batch(batch.proposals, batch.valid, batch.fg_probs,
+                               self._regressed(batch, head), self.cfg.selection,
+                               self.selection_passes)
             picked = rows.gather(1, sel.rows)
             arrays = {"boxes": sel.boxes, "object_ids": sel.object_ids,
                       "object_conf": sel.object_conf, "counts": sel.counts, "exact": sel.exact,
@@ -384,8 +385,7 @@ class Extractor:
         dense = {}
         if given_boxes is None and not host["exact"].all():
             dense = self._select_dense(pending, np.flatnonzero(~host["exact"]))
-        batch = pending.rows
-        counts, offsets = batch["counts"], batch["offsets"]
+        counts = pending.rows["counts"]
         results = []
         for i, im in enumerate(images):
             if given_boxes is not None:
@@ -398,11 +398,7 @@ class Extractor:
             elif i in dense:
                 results.append(self._regions(im, dense[i], selected_by="dense"))
             else:
-                lo, hi = int(offsets[i]), int(offsets[i + 1])
-                results.append(self._select_alone(
-                    im, lo, hi, batch["rois"], batch["cls_probs"], pending.head,
-                    pending.scales[i], batch["attr_ids"], batch["attr_conf"],
-                ))
+                results.append(self._select_alone(pending, i))
         return results
 
     def _select_dense(self, pending: PendingBatch, unsettled: np.ndarray) -> dict[int, dict]:
@@ -422,22 +418,22 @@ class Extractor:
             self.selection_passes += self.selection_passes // 2
         return {int(i): _image(host, j) for j, i in enumerate(unsettled) if host["exact"][j]}
 
-    def _select_alone(self, im, lo, hi, all_rois, cls_probs, head, scale, attr_ids, attr_conf):
-        """One image's regions by extractor.selection.select_regions (syncs as it needs)."""
+    def _select_alone(self, pending: PendingBatch, i: int) -> RegionFeatures:
+        """Image i's regions by extractor.selection.select_regions (syncs as it needs)."""
+        im, head, batch = pending.images[i], pending.head, pending.rows
+        lo, hi = int(batch["offsets"][i]), int(batch["offsets"][i + 1])
+        all_rois, scale = batch["rois"], pending.scales[i]
         h, w = float(im.orig_height), float(im.orig_width)
         proposals = clip_boxes(all_rois[lo:hi] / scale, h, w)
         regressed = None
         if head.box_deltas is not None:
             regressed = self.model.decode_boxes(head.box_deltas[lo:hi], all_rois[lo:hi])
             regressed = clip_boxes(regressed / scale[None, None, :], h, w)
-        sel = select_regions(proposals, cls_probs[lo:hi, :-1], regressed, self.cfg.selection)
-        idx = sel.indices.to(self.device) + lo
+        sel = select_regions(proposals, batch["cls_probs"][lo:hi, :-1], regressed,
+                             self.cfg.selection)
         arrays = {"boxes": sel.boxes, "object_ids": sel.object_ids,
-                  "object_conf": sel.object_conf, "attr_ids": attr_ids[idx],
-                  "attr_conf": attr_conf[idx], "features": head.features.to(torch.float16)[idx]}
-        if self.cfg.save_class_probs:
-            probs = cls_probs[idx]
-            arrays["cls_probs"] = _background_first(probs)
+                  "object_conf": sel.object_conf}
+        arrays |= self._picked(pending, sel.indices.to(self.device) + lo)
         return self._regions(im, fetch(arrays, "regions of one image"), selected_by="alone")
 
     def _regions(self, im: PreparedImage, arrays: dict[str, np.ndarray], *,

@@ -187,8 +187,8 @@ def peaked_bench_weights(job: ExtractJobConfig, refs: list[ImageRef], path: Path
     return str(peaked_weights(job, first_good_images(job, refs, 8), path, scores))
 
 
-def bench_extract(args, peaked: str | None = None) -> list[dict]:
-    """The rows of `pipeline bench extract`. peaked: with --scores peaked or sparse, those
+def bench_extract(args, scaled: str | None = None) -> list[dict]:
+    """The rows of `pipeline bench extract`. scaled: with --scores peaked or sparse, those
     weights when already made by peaked_bench_weights for the same detector and scores (the GPU
     suite makes them once)."""
     weights = chosen_weights(args)
@@ -200,7 +200,7 @@ def bench_extract(args, peaked: str | None = None) -> list[dict]:
             if weights is not None:
                 raise ConfigError(f"--scores {args.scores} scales a random detector: use it with "
                                   "--random-weights (real weights give real scores)")
-            weights = peaked or peaked_bench_weights(
+            weights = scaled or peaked_bench_weights(
                 resolve_job(args.config, args.sets, device=args.device), refs,
                 Path(scratch) / "peaked.safetensors", args.scores,
             )

@@ -97,14 +97,14 @@ def extraction(quick: bool, device: str | None, weights: str,
         num_images=4 if quick else 320, batch_sizes="1,2" if quick else "1,8,16,32",
         precisions="fp32" if quick else "bf16,fp32", device=device, config=None, sets=sets,
     )
-    rows = bench_extract(args, peaked=weights)
+    rows = bench_extract(args, scaled=weights)
     if compiled:
         largest = args.batch_sizes.split(",")[-1]
         precision = "fp32" if quick else "bf16"
         rows += bench_extract(argparse.Namespace(
             **vars(args) | {"batch_sizes": largest, "precisions": precision,
                             "sets": sets + ["run.compile=true"]}
-        ), peaked=weights)
+        ), scaled=weights)
     return rows
 
 
@@ -130,7 +130,7 @@ def extraction_by_scores(quick: bool, device: str | None, peaked: str, scratch: 
         )
         weights = peaked if scores == "peaked" else sparse
         rows += [{"preset": preset, "scores": scores} | row
-                 for row in bench_extract(args, peaked=weights)]
+                 for row in bench_extract(args, scaled=weights)]
     return rows
 
 
