@@ -19,6 +19,10 @@ uv_version="0.13.9"
 images=("$@")
 [ ${#images[@]} -gt 0 ] || images=(cpu gpu)
 
+for image in "${images[@]}"; do
+    [ -f "$repo/docker/Dockerfile.$image" ] || {
+        echo "build-local: no image '$image': choose cpu or gpu" >&2; exit 2; }
+done
 for tool in podman mmdebstrap runc python3; do
     command -v "$tool" >/dev/null || { echo "build-local: $tool is not installed" >&2; exit 2; }
 done
