@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["s3_server"]  # the local S3 server: fixtures s3_server, bucket
+# The local S3 server (fixtures s3_server, bucket); the CPU image built with podman (cpu_image).
+pytest_plugins = ["s3_server", "podman_image"]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -126,5 +126,5 @@ def test_compose_runs_a_head_and_gpu_workers_that_join_it():
     assert "--address=head:6379" in worker["entrypoint"] and worker["depends_on"] == ["head"]
     (device,) = worker["deploy"]["resources"]["reservations"]["devices"]
     assert device["capabilities"] == ["gpu"] and device["count"] == "all"
-    assert head["image"] == worker["image"] == "vlpipe:gpu"
+    assert head["image"] == worker["image"] == "${VLPIPE_IMAGE:-vlpipe:gpu}"
     assert "/data" in head["volumes"][0] and head["shm_size"]

@@ -1,55 +1,29 @@
-"""The CPU image built and run the way users run it (opt-in: -m container). docker/build-local.sh
-builds it with podman from a Debian stand-in for the registry's base image; podman's layer cache
-makes a rebuild of an unchanged tree fast. Then jobs run from the image on a mounted volume as
-user 1001, and what they write is on the host, owned by 1001 and readable."""
+"""The CPU image built and run the way users run it (opt-in: -m container; the image comes from
+tests/podman_image.py). Jobs run from the image on a mounted volume as user 1001, and what they
+write is on the host, owned by 1001 and readable."""
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from podman_image import ASSETS, NEEDS_PODMAN, podman
 
-ROOT = Path(__file__).resolve().parents[1]
-STATE = Path(os.environ.get("VLPIPE_PODMAN", "/var/tmp/vlpipe-podman"))
-ASSETS = "/opt/pipeline/pipeline/assets"
-
-pytestmark = [
-    pytest.mark.container,
-    pytest.mark.skipif(os.geteuid() != 0, reason="podman builds here as root"),
-    pytest.mark.skipif(
-        not all(shutil.which(t) for t in ("podman", "runc", "mmdebstrap")),
-        reason="needs podman, runc and mmdebstrap (apt-get install podman runc mmdebstrap)",
-    ),
-]
-
-
-def podman_env() -> dict:
-    return {**os.environ, "CONTAINERS_CONF": str(STATE / "containers.conf"),
-            "CONTAINERS_STORAGE_CONF": str(STATE / "storage.conf")}
-
-
-@pytest.fixture(scope="module")
-def cpu_image() -> str:
-    subprocess.run(["bash", str(ROOT / "docker" / "build-local.sh"), "cpu"], check=True,
-                   env={**os.environ, "VLPIPE_PODMAN": str(STATE)})
-    return "localhost/vlpipe:cpu"
+pytestmark = NEEDS_PODMAN
 
 
 def run(image: str, *args: str, volume: Path | None = None) -> subprocess.CompletedProcess:
     mount = ["-v", f"{volume}:/data"] if volume else []
-    return subprocess.run(["podman", "run", "--rm", "--network=host", *mount, image, *args],
-                          env=podman_env(), capture_output=True, text=True)
+    return podman("run", "--rm", "--network=host", *mount, image, *args, check=False)
 
 
 def test_the_image_runs_pipeline_as_user_1001(cpu_image):
     done = run(cpu_image, "--help")
     assert done.returncode == 0, done.stderr
     assert "usage: pipeline" in done.stdout
-    who = subprocess.run(["podman", "run", "--rm", "--entrypoint", "id", cpu_image, "-u"],
-                         env=podman_env(), capture_output=True, text=True)
+    who = podman("run", "--rm", "--entrypoint", "id", cpu_image, "-u")
     assert who.stdout.strip() == "1001"
 
 

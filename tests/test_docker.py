@@ -41,11 +41,20 @@ def test_base_and_uv_images_are_build_arguments_with_the_registry_defaults(docke
 
 @pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
 def test_the_image_is_built_by_the_install_script_as_a_non_root_user(dockerfile):
+    """The locked dependencies in a layer of their own, made from the lock alone (a change to the
+    code does not rebuild it), then the project; the CPU image without Triton."""
     lines = [line.strip() for line in dockerfile.read_text().splitlines()]
-    assert "RUN bash docker/install.sh /opt/pipeline" in lines
+    cpu = " --cpu" if dockerfile.name == "Dockerfile.cpu" else ""
+    steps = ["COPY --chown=1001:1001 pyproject.toml uv.lock ./",
+             "COPY --chown=1001:1001 docker/install.sh docker/",
+             f"RUN bash docker/install.sh{cpu} --deps-only /opt/pipeline",
+             "COPY --chown=1001:1001 . .",
+             f"RUN bash docker/install.sh{cpu} /opt/pipeline"]
+    at = [lines.index(step) for step in steps]
+    assert at == list(range(at[0], at[0] + len(steps))), at
     users = [line for line in lines if line.startswith("USER ")]
     assert users == ["USER 1001:1001"]
-    assert lines.index(users[0]) < lines.index("RUN bash docker/install.sh /opt/pipeline")
+    assert lines.index(users[0]) < at[0]
     assert 'ENTRYPOINT ["pipeline"]' in lines and "EXPOSE 6379 8265 10001" in lines
 
 
@@ -56,21 +65,44 @@ def test_the_build_context_leaves_out_environments_and_outputs():
     assert not {"pyproject.toml", "uv.lock", "docker", "pipeline", "configs"} & ignored
 
 
-def test_install_script_installs_a_working_pipeline_in_a_clean_copy(tmp_path):
-    """What `RUN bash docker/install.sh` does in the images, on the files git tracks (a clean
-    copy: no .venv, no caches); uv's cache makes it fast where the suite's own env was built."""
+def _copy(files: list[str], to: Path) -> None:
+    for name in files:
+        if (ROOT / name).is_file():
+            (to / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, to / name)
+
+
+def _install(project: Path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(project / "docker" / "install.sh"), *options, str(project)],
+                          capture_output=True, text=True, timeout=900)
+
+
+def test_install_script_builds_the_cpu_image_layers_in_a_clean_copy(tmp_path):
+    """What the CPU image's two `RUN bash docker/install.sh --cpu` do, on the files git tracks (a
+    clean copy: no .venv, no caches); uv's cache makes it fast where the suite's own env was
+    built. The first sees only the lock; the second, the whole tree."""
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.splitlines()
     copy = tmp_path / "pipeline"
-    for name in files:
-        if (ROOT / name).is_file():
-            (copy / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, copy / name)
-    done = subprocess.run(["bash", str(copy / "docker" / "install.sh"), str(copy)],
-                          capture_output=True, text=True, timeout=900)
+    _copy(["pyproject.toml", "uv.lock", "docker/install.sh"], copy)
+    done = _install(copy, "--cpu", "--deps-only")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    packages = copy / ".venv" / "lib" / "python3.11" / "site-packages"
+    assert (packages / "torch").is_dir() and (packages / "ray").is_dir()
+    assert not (copy / ".venv" / "bin" / "pipeline").exists()
+
+    _copy(files, copy)
+    done = _install(copy, "--cpu")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "installed: torch 2.14.1" in done.stdout
     help_text = subprocess.run([str(copy / ".venv" / "bin" / "pipeline"), "--help"],
                                capture_output=True, text=True, check=True).stdout
     assert "pipeline extract" in help_text
+    assert not (packages / "triton").exists()  # GPU kernels only: not in the CPU image
     assert not (copy / ".venv" / "bin" / "pytest").exists()  # the image has no test tools
+
+
+def test_install_script_names_an_unknown_option():
+    done = _install(ROOT, "--gpu")
+    assert done.returncode == 2
+    assert done.stderr.strip() == "install.sh: unknown option --gpu (--cpu, --deps-only)"
