@@ -68,7 +68,7 @@ def stack(cpu_image, tmp_path):
         made.wait_for_worker()
         yield made
     finally:
-        made.compose("down", timeout=120)
+        made.compose("down", "--timeout", "0", timeout=120)
         # podman-compose 1.0.3 leaves the project's network behind
         subprocess.run(["podman", "network", "rm", "--force", f"{made.project}_default"],
                        env=made.env, capture_output=True)
