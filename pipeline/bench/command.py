@@ -1,11 +1,11 @@
-"""`pipeline bench extract | pretrain | model | step | end-to-end`: the benchmarks (each module
+"""`pipeline bench extract | pretrain | model | step | scale | end-to-end`: the benchmarks (each module
 says what it measures)."""
 
 from __future__ import annotations
 
 import argparse
 
-from pipeline.bench import model, pretrain, step
+from pipeline.bench import model, pretrain, scale, step
 from pipeline.common.arguments import Actions
 from pipeline.extract.command import add_weights_args
 
@@ -104,6 +104,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                                "(same weights and work)", MODEL_DESCRIPTION))
     step.add_args(actions.add("step", "training samples/s of the four architectures' step in "
                               "each variant (precision, CUDA graph, compile)", STEP_DESCRIPTION))
+    scale.add_args(actions.add("scale", "what listing and planning a CC3M download cost at "
+                               "growing sizes, on a disk and on S3", scale.DESCRIPTION))
     add_end_to_end_args(actions.add("end-to-end", "images/s of one training step with the "
                                     "detector trained end to end (VL-BERT)",
                                     END_TO_END_DESCRIPTION))
@@ -125,4 +127,5 @@ def run(args: argparse.Namespace) -> int:
         from pipeline.bench import end_to_end
 
         return end_to_end.run(args)
-    return {"pretrain": pretrain.run, "model": model.run, "step": step.run}[args.bench_verb](args)
+    return {"pretrain": pretrain.run, "model": model.run, "step": step.run,
+            "scale": scale.run}[args.bench_verb](args)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipeline.datasets.tar_index import member_range
 from shards.storage import Location, read_range
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -36,13 +37,14 @@ def examples(items: list, limit: int = 3) -> str:
     return shown + (", ..." if len(items) > limit else "")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ImageRef:
     """One image to extract: its stable id within the dataset, where its bytes are, its split.
 
     A plain image file has `member` None. An image stored inside an archive (a CC3M tar shard)
-    names the archive in `path`, the member in `member`, and the member's data `offset` and
-    `length` in bytes, so reading it is one positioned read, not a scan of the archive.
+    names the archive in `path` and the member in `member`, with the member's data `offset` and
+    `length` in bytes when the lister knew them (one positioned read), or offset -1 when it did
+    not: the reading process then indexes the archive once (pipeline.datasets.tar_index).
     """
 
     dataset: str
@@ -61,7 +63,10 @@ class ImageRef:
     def read_bytes(self) -> bytes:
         if self.member is None:
             return self.path.read_bytes()
-        data = read_range(self.path, self.offset, self.length)
-        if len(data) != self.length:
-            raise OSError(f"{self.location}: archive ends after {len(data)} of {self.length} bytes")
+        offset, length = self.offset, self.length
+        if offset < 0:
+            offset, length = member_range(self.path, self.member)
+        data = read_range(self.path, offset, length)
+        if len(data) != length:
+            raise OSError(f"{self.location}: archive ends after {len(data)} of {length} bytes")
         return data

@@ -6,11 +6,15 @@
     00000.parquet       one row per url, failed downloads included (not read here)
     00000_stats.json    written last by img2dataset: count, successes, ...
 
-    Image id: the img2dataset key, the member name before its first dot (`000000012`). The tar
-    headers are read once and each ref names the tar, the member, and the member's data offset
-    and length in bytes, so extraction reads an image with one positioned read. Failed downloads
-    (count - successes of the stats files) and tars without a stats file (an interrupted
-    download; their images are listed) are logged as a warning.
+    Image id: the img2dataset key, the member name before its first dot (`000000012`). A finished
+    shard (it has its _stats.json) is listed from its parquet file: the keys whose status is
+    "success", each the member `{key}{suffix}` of the tar, the image suffix read from the tar's
+    first headers (one 64 KiB read). No tar is read through: listing costs a few requests per
+    shard on an object store, whatever its image count, and the process that reads an image
+    finds its offset (pipeline.datasets.tar_index). An unfinished shard (no stats file: an
+    interrupted download) or one without a parquet file has its tar's headers read instead,
+    giving each member's offset and length. Failed downloads (count - successes of the stats
+    files) and unfinished shards (their images are listed) are logged as a warning.
 
 (b) the official CC3M TSV and a folder of images downloaded from it, chosen otherwise:
 
@@ -31,6 +35,7 @@ Split: always "" (CC3M's train and validation TSVs are separate roots).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -41,7 +46,7 @@ from pathlib import PurePosixPath
 from pipeline.datasets.base import (
     IMAGE_SUFFIXES, DatasetError, ImageRef, describe_contents, examples,
 )
-from shards.storage import Location, as_path, relative_posix, sort_paths
+from shards.storage import Location, as_path, read_range, relative_posix, sort_paths
 
 HEADER = "caption\turl"
 KEY = re.compile(r"\d{9}")
@@ -79,34 +84,27 @@ def tar_members(tar_path: Location) -> Iterator[tuple[str, str, tarfile.TarInfo,
 
 
 def _list_shards(root: Location, tars: list[Location]) -> list[ImageRef]:
-    """Layout (a): one ref per image member of the img2dataset tars."""
+    """Layout (a): one ref per image of the img2dataset shards."""
+    names = {path.name for path in root.iterdir()}  # one listing, not a request per file
     refs: dict[str, ImageRef] = {}
     unfinished, failed, urls = [], 0, 0
     for tar_path in tars:
-        try:
-            for key, ext, member, _ in tar_members(tar_path):
-                if PurePosixPath(member.name).suffix.lower() not in IMAGE_SUFFIXES:
-                    continue
-                ref = ImageRef(dataset="cc3m", image_id=key, path=tar_path, member=member.name,
-                               offset=member.offset_data, length=member.size)
-                if key in refs:
-                    raise DatasetError(
-                        f"cc3m root {root}: key {key} is both {refs[key].location} and "
-                        f"{ref.location}"
-                    )
-                refs[key] = ref
-        except tarfile.TarError as err:
-            raise DatasetError(f"{tar_path}: not a readable tar ({err})") from err
         stats_path = root / f"{tar_path.stem}_stats.json"
-        if not stats_path.is_file():
+        parquet = root / f"{tar_path.stem}.parquet"
+        if stats_path.name in names:
+            count, successes = _read_stats(stats_path)
+            urls += count
+            failed += count - successes
+            listed = (_parquet_refs(parquet, tar_path) if parquet.name in names
+                      else _scanned_refs(tar_path))
+        else:
             unfinished.append(tar_path.name)
-            continue
-        try:
-            stats = json.loads(stats_path.read_bytes())
-            urls += stats["count"]
-            failed += stats["count"] - stats["successes"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise DatasetError(f"{stats_path}: not an img2dataset stats file ({err!r})") from err
+            listed = _scanned_refs(tar_path)
+        for ref in listed:
+            if ref.image_id in refs:
+                raise DatasetError(f"cc3m root {root}: key {ref.image_id} is both "
+                                   f"{refs[ref.image_id].location} and {ref.location}")
+            refs[ref.image_id] = ref
     if not refs:
         raise DatasetError(f"cc3m root {root}: the {len(tars)} tar(s) hold no images")
     if failed:
@@ -117,6 +115,70 @@ def _list_shards(root: Location, tars: list[Location]) -> list[ImageRef]:
                     "finished them (%s); their images are listed", root, len(unfinished),
                     examples(unfinished))
     return list(refs.values())
+
+
+def _read_stats(stats_path: Location) -> tuple[int, int]:
+    """(count, successes) of an img2dataset stats file."""
+    try:
+        stats = json.loads(stats_path.read_bytes())
+        return int(stats["count"]), int(stats["successes"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DatasetError(f"{stats_path}: not an img2dataset stats file ({err!r})") from err
+
+
+def _scanned_refs(tar_path: Location) -> list[ImageRef]:
+    """A ref per image member of the tar, with its offset and length: every header read."""
+    try:
+        return [ImageRef(dataset="cc3m", image_id=key, path=tar_path, member=member.name,
+                         offset=member.offset_data, length=member.size)
+                for key, _, member, _ in tar_members(tar_path)
+                if PurePosixPath(member.name).suffix.lower() in IMAGE_SUFFIXES]
+    except tarfile.TarError as err:
+        raise DatasetError(f"{tar_path}: not a readable tar ({err})") from err
+
+
+def _parquet_refs(parquet: Location, tar_path: Location) -> list[ImageRef]:
+    """A ref per downloaded key of the shard's parquet file, offsets left to the reader."""
+    import pyarrow.parquet as pq
+
+    try:
+        with parquet.open("rb") as f:
+            table = pq.read_table(f, columns=["key", "status"])
+    except (OSError, ValueError, KeyError) as err:  # pyarrow's errors derive from these
+        raise DatasetError(f"{parquet}: not an img2dataset parquet file with key and status "
+                           f"columns ({err})") from err
+    keys = [key for key, status in zip(table.column("key").to_pylist(),
+                                       table.column("status").to_pylist())
+            if status == "success"]
+    if not keys:
+        return []
+    suffix = _image_suffix(tar_path)
+    if suffix is None:  # no image among the first headers: read them all
+        return _scanned_refs(tar_path)
+    return [ImageRef(dataset="cc3m", image_id=key, path=tar_path, member=key + suffix, offset=-1)
+            for key in keys]
+
+
+HEAD_BYTES = 64 * 1024
+
+
+def _image_suffix(tar_path: Location) -> str | None:
+    """The suffix of the first image member (img2dataset encodes every image of a run alike:
+    `.jpg` unless --encode_format), from the tar's first HEAD_BYTES bytes; None if none is
+    there."""
+    try:
+        head = read_range(tar_path, 0, HEAD_BYTES)
+    except OSError as err:
+        raise DatasetError(f"{tar_path}: unreadable ({err})") from err
+    try:
+        with tarfile.open(fileobj=io.BytesIO(head), mode="r:") as tar:
+            for member in tar:
+                suffix = PurePosixPath(member.name).suffix
+                if member.isfile() and suffix.lower() in IMAGE_SUFFIXES:
+                    return suffix
+    except tarfile.TarError:  # the head ends inside a member: what it held had no image
+        return None
+    return None
 
 
 def _count_rows(tsv: Location) -> int:

@@ -11,6 +11,7 @@ becomes a failure record in its shard's stats and status table; the rest of the 
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -74,7 +75,10 @@ def extract_refs(
         raise ConfigError("box mode 'given' needs --given-boxes FILE")
     if address is not None and job.run.engine != "ray":
         raise ConfigError("--address joins a Ray cluster; it needs --engine ray")
-    plan = plan_shards(refs, job.output.shard_size)
+    # The image list lives as long as the run: out of the garbage collector's full passes, which
+    # would otherwise walk every image's objects each time (at 1M images, 2/3 of the planning).
+    gc.freeze()
+    plan = plan_shards(len(refs), job.output.shard_size)
     # The detector first: weights that do not fit stop the run before --out is created.
     if job.run.engine == "local":
         extractor, detector = build_extractor(job, weights)
@@ -86,10 +90,10 @@ def extract_refs(
     with OutputLock(out_dir):
         save_job_config(out_dir, record | {"detector": detector, "config": job.sample_config()})
         done = completed_shards(out_dir)
-        todo = [(name, shard_refs) for name, shard_refs in plan if name not in done]
-        units = plan_units(todo, job.run.batch_size)
+        todo = [shard for shard in plan if shard.name not in done]
+        units = plan_units(refs, todo, job.run.batch_size)
         tally.skipped_shards = len(plan) - len(todo)
-        tally.skipped_images = sum(len(r) for n, r in plan if n in done)
+        tally.skipped_images = sum(shard.size for shard in plan if shard.name in done)
         log = ExtractLog(out_dir)
         log.write(
             f"=== run: {record['dataset']} at {record['root']}, engine {job.run.engine}, "
@@ -97,7 +101,7 @@ def extract_refs(
             f"{tally.skipped_shards} done before; run config {to_dict(job.run)}"
         )
         bar = progress_bar(
-            total=sum(len(u.refs) for u in units), unit="img", desc="extract",
+            total=sum(u.stop - u.start for u in units), unit="img", desc="extract",
             disable=not show_progress,
         )
         progress = ExtractProgress(bar, len(units))

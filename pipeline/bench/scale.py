@@ -1,0 +1,276 @@
+"""`pipeline bench scale`: what listing and planning a CC3M download cost as it grows.
+
+A CC3M root in img2dataset's webdataset layout (`{shard:05d}.tar` of `{key}.jpg/.json/.txt`,
+`.parquet`, `_stats.json`; 10,000 urls per tar, every tenth a failed download, as about 10% of
+CC3M's urls are dead) is generated at each size with one tiny JPEG (a few hundred bytes), so that
+disk and decode do not dominate. For each size, on a local disk and, with --s3, on a local S3
+server (moto's, which counts every request it serves), a fresh process lists the root
+(`--dataset cc3m`'s reader) and plans the run (shards and detector batches) as `pipeline extract`
+does, and reports wall time, the process's memory before and at its peak, the bytes it read
+(local: the kernel's count; S3: the sum of the byte ranges it asked for) and the requests. The
+costs are fitted to `a * n ** k` over the sizes: k is the exponent reported.
+
+The roots are kept in --work and reused by later runs of the same sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+URLS_PER_TAR = 10_000  # img2dataset's default --number_sample_per_shard
+FAILED_EVERY = 10
+SHARD_SIZE = 1000  # output.shard_size's default
+BATCH_SIZE = 8
+COSTS = ["list_s", "plan_s", "driver_mb", "bytes_read", "requests"]
+RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+
+DESCRIPTION = __doc__.split("\n\n")[1].replace("\n", " ")
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default="10000,100000,1000000",
+                        help="comma-separated url counts (default: 10000,100000,1000000)")
+    parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "vlpipe-bench-scale"),
+                        help="where the generated roots are kept (default: $TMPDIR/"
+                        "vlpipe-bench-scale)")
+    parser.add_argument("--s3", action="store_true",
+                        help="also on a local S3 server (needs moto: uv sync --extra test)")
+    parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
+    parser.add_argument("--plot", metavar="PNG", help="draw each cost against the size")
+    parser.add_argument("--before", metavar="JSON", help="with --plot: an earlier run's --json, "
+                        "drawn dashed beside this one (before and after a change)")
+
+
+def tiny_jpeg() -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 40, 40)).save(buffer, format="JPEG", quality=50)
+    return buffer.getvalue()
+
+
+def make_root(folder: Path, urls: int, per_tar: int = URLS_PER_TAR) -> Path:
+    """An img2dataset CC3M root of `urls` urls, `per_tar` to a shard, in `folder` (made once;
+    `done` marks it whole)."""
+    from pipeline.world.formats.cc3m import Download, write_shard
+
+    if (folder / "done").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    jpeg = tiny_jpeg()
+    for shard, start in enumerate(range(0, urls, per_tar)):
+        downloads = [
+            Download(url=f"https://example.com/{start + i}.jpg", caption=f"a photo {start + i}",
+                     jpeg=jpeg, width=8, height=8)
+            if i % FAILED_EVERY != FAILED_EVERY - 1 else
+            Download(url=f"https://example.com/{start + i}.jpg", caption="", jpeg=None,
+                     error_message="HTTP Error 404: Not Found")
+            for i in range(min(per_tar, urls - start))
+        ]
+        write_shard(folder, shard, downloads)
+    (folder / "done").write_text("")
+    return folder
+
+
+def _memory_mb(field: str) -> float:
+    """VmRSS (now) or VmHWM (the peak of this program: unlike ru_maxrss, not the peak of the
+    process that started it) of this process, in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _bytes_read() -> int:
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+def measure(root: str) -> dict:
+    """List and plan `root` in this process, as `pipeline extract` does before its first image."""
+    import pyarrow.parquet  # noqa: F401  (imported before the baseline: what the lister uses)
+
+    from pipeline.datasets import list_images
+    from pipeline.extract.plan import plan_shards, plan_units
+    from shards.storage import as_path
+
+    as_path(root).exists()  # a URL's filesystem (s3fs, its event loop) made before the baseline
+    before_mb, read_before = _memory_mb("VmRSS"), _bytes_read()
+    start = time.perf_counter()
+    refs = list_images("cc3m", root)
+    listed = time.perf_counter()
+    gc.freeze()  # as pipeline.extract.job does before planning
+    units = plan_units(refs, plan_shards(len(refs), SHARD_SIZE), BATCH_SIZE)
+    planned = time.perf_counter()
+    peak_mb = _memory_mb("VmHWM")
+    return {"images": len(refs), "units": len(units), "list_s": listed - start,
+            "plan_s": planned - listed, "rss_before_mb": before_mb, "peak_mb": peak_mb,
+            "driver_mb": peak_mb - before_mb, "bytes_read": _bytes_read() - read_before}
+
+
+def _child(root: str, env: dict | None = None) -> dict:
+    done = subprocess.run([sys.executable, "-m", "pipeline.bench.scale", root],
+                          capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {root} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+class S3Server:
+    """moto's S3 server on a free port, recording the requests it serves."""
+
+    def __init__(self, work: Path):
+        import socket
+
+        server = Path(sys.executable).parent / "moto_server"
+        if not server.exists():
+            raise SystemExit("bench scale --s3: moto's server is not installed "
+                             "(uv sync --extra test)")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.recording = work / "moto_recording.jsonl"
+        self.process = subprocess.Popen(
+            [str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env={**os.environ,
+                                            "MOTO_RECORDER_FILEPATH": str(self.recording)})
+        self.env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.url}
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.url}/moto-api/", timeout=2)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(f"moto_server did not answer on {self.url}") from None
+                time.sleep(0.2)
+
+    def upload(self, folder: Path, bucket: str) -> str:
+        import s3fs
+
+        fs = s3fs.S3FileSystem(key="bench", secret="bench", endpoint_url=self.url)
+        fs.mkdir(bucket)
+        fs.put(str(folder), f"{bucket}/cc3m", recursive=True)
+        return f"s3://{bucket}/cc3m"
+
+    def _recorder(self, action: str) -> None:
+        request = urllib.request.Request(f"{self.url}/moto-api/recorder/{action}", method="POST")
+        urllib.request.urlopen(request, timeout=30)
+
+    def measure(self, root: str) -> dict:
+        """`measure` in a fresh process, with the requests the server saw meanwhile."""
+        self._recorder("reset-recording")
+        self._recorder("start-recording")
+        try:
+            numbers = _child(root, self.env)
+        finally:
+            self._recorder("stop-recording")
+        requests = [json.loads(line) for line in self.recording.read_text().splitlines()]
+        ranges = [RANGE.search(r["headers"].get("Range", "")) for r in requests]
+        numbers["requests"] = len(requests)
+        numbers["requests_by_method"] = {m: sum(r["method"] == m for r in requests)
+                                         for m in sorted({r["method"] for r in requests})}
+        numbers["bytes_read"] = sum(int(m[2]) - int(m[1]) + 1 for m in ranges if m)
+        return numbers
+
+    def close(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+
+def exponents(rows: list[dict]) -> dict[str, float]:
+    """k of the least-squares fit log(cost) = log(a) + k log(n), per cost with positive values."""
+    import numpy as np
+
+    n = np.log([r["urls"] for r in rows])
+    fitted = {}
+    for cost in COSTS:
+        values = [r.get(cost) for r in rows]
+        if len(rows) > 1 and all(v is not None and v > 0 for v in values):
+            fitted[cost] = float(np.polyfit(n, np.log(values), 1)[0])
+    return fitted
+
+
+def _table(storage: str, rows: list[dict], fitted: dict[str, float]) -> str:
+    lines = [f"{storage}: listing and planning a CC3M root (img2dataset)",
+             f"{'urls':>10} {'images':>10} {'list s':>8} {'plan s':>7} {'driver MB':>10} "
+             f"{'MB read':>9} {'requests':>9}"]
+    for r in rows:
+        requests = r.get("requests", "-")
+        lines.append(f"{r['urls']:>10,} {r['images']:>10,} {r['list_s']:>8.2f} "
+                     f"{r['plan_s']:>7.2f} {r['driver_mb']:>10.0f} {r['bytes_read'] / 1e6:>9.1f} "
+                     f"{requests:>9}")
+    lines.append("fitted exponent k (cost ~ n^k): " + ", ".join(
+        f"{cost} {k:.2f}" for cost, k in fitted.items()))
+    return "\n".join(lines)
+
+
+def _plot(results: dict, path: str, before: dict | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    costs = [("list_s", "listing (s)"), ("driver_mb", "driver memory (MB)"),
+             ("bytes_read", "bytes read"), ("requests", "S3 requests")]
+    fig, axes = plt.subplots(1, len(costs), figsize=(4 * len(costs), 3.4))
+    runs = [("", "-", results)] + ([("before: ", "--", before)] if before else [])
+    for ax, (cost, title) in zip(axes, costs):
+        for prefix, style, run in runs:
+            for color, (storage, block) in zip(("C0", "C1"), run.items()):
+                points = [(r["urls"], r[cost]) for r in block["rows"] if r.get(cost)]
+                if points:
+                    k = block["exponents"].get(cost)
+                    label = prefix + storage + (f" (k={k:.2f})" if k is not None else "")
+                    ax.loglog(*zip(*points), style, color=color, marker="o", label=label)
+        ax.set_title(title)
+        ax.set_xlabel("urls")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    work = Path(args.work)
+    roots = {urls: make_root(work / f"cc3m_{urls}", urls) for urls in sizes}
+    results = {"local": {"rows": [{"urls": urls, **_child(str(roots[urls]))} for urls in sizes]}}
+    if args.s3:
+        server = S3Server(work)
+        try:
+            rows = []
+            for urls in sizes:
+                url = server.upload(roots[urls], f"scale-{urls}")
+                rows.append({"urls": urls, **server.measure(url)})
+            results["s3"] = {"rows": rows}
+        finally:
+            server.close()
+    for storage, block in results.items():
+        block["exponents"] = exponents(block["rows"])
+        print(_table(storage, block["rows"], block["exponents"]))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if args.plot:
+        _plot(results, args.plot, json.loads(Path(args.before).read_text()) if args.before else None)
+    return 0
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(sys.argv[1])))

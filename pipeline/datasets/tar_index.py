@@ -1,0 +1,48 @@
+"""Where each member of a tar archive starts, found by the process that reads it.
+
+CC3M images listed from img2dataset's parquet files (pipeline.datasets.cc3m) name their tar and
+member but not the member's byte offset: finding offsets at listing time would mean reading every
+tar on the driver. The first read of a member in a process reads the tar's headers in order (one
+sequential pass: on an object store, a few large requests), and the index is kept for the next
+images, which the plan's order takes from the same tar.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import threading
+from collections import OrderedDict
+
+from shards.storage import Location
+
+KEEP = 4  # tars indexed per process; a decoder moves through the plan tar by tar
+
+_indexes: OrderedDict[str, dict[str, tuple[int, int]]] = OrderedDict()
+_lock = threading.Lock()  # a process's decode threads index each tar once
+
+
+def index_tar(tar_path: Location) -> dict[str, tuple[int, int]]:
+    """{member name: (data offset, size)} of each regular file of the tar; OSError if it is not
+    a readable tar."""
+    try:
+        with tar_path.open("rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
+            return {m.name: (m.offset_data, m.size) for m in tar if m.isfile()}
+    except tarfile.TarError as err:
+        raise OSError(f"{tar_path}: not a readable tar ({err})") from err
+
+
+def member_range(tar_path: Location, member: str) -> tuple[int, int]:
+    """(offset, length) of `member`'s data in the tar; OSError if the tar has no such member."""
+    key = str(tar_path)
+    with _lock:
+        index = _indexes.get(key)
+        if index is None:
+            index = _indexes[key] = index_tar(tar_path)
+            while len(_indexes) > KEEP:
+                _indexes.popitem(last=False)
+        else:
+            _indexes.move_to_end(key)
+    if member not in index:
+        raise OSError(f"{tar_path}: no member {member} (the tar does not hold what its parquet "
+                      f"file lists)")
+    return index[member]

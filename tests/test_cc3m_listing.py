@@ -1,0 +1,110 @@
+"""Listing img2dataset's CC3M shards at a cost that does not grow with the images per shard: a
+finished shard is listed from its parquet file (no tar is read through), and the process that
+reads an image indexes its tar once. Roots made by `pipeline bench scale`'s generator (tiny JPEGs,
+every tenth url failed); requests counted by moto's S3 server as it serves them."""
+
+from __future__ import annotations
+
+import io
+import logging
+import tarfile
+import threading
+
+import pytest
+
+from pipeline.bench.scale import S3Server, exponents, make_root
+from pipeline.datasets import list_images
+from pipeline.datasets import tar_index as tar_index_module
+from pipeline.datasets.cc3m import _scanned_refs
+from pipeline.datasets.tar_index import member_range
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """2 shards of 50 urls (45 images each)."""
+    return make_root(tmp_path_factory.mktemp("cc3m") / "small", 100, per_tar=50)
+
+
+def test_parquet_listing_reads_what_the_tar_holds(small):
+    refs = list_images("cc3m", str(small))
+    assert len(refs) == 90 and all(ref.offset == -1 for ref in refs)
+    scanned = {ref.image_id: ref for tar in sorted(small.glob("*.tar"))
+               for ref in _scanned_refs(tar)}
+    assert {ref.image_id for ref in refs} == set(scanned)
+    for ref in refs:
+        assert ref.member == scanned[ref.image_id].member
+        assert ref.read_bytes() == scanned[ref.image_id].read_bytes()
+
+
+def test_an_unfinished_shard_is_listed_from_its_tar(small, tmp_path, caplog):
+    root = make_root(tmp_path / "root", 100, per_tar=50)
+    (root / "00001_stats.json").unlink()  # img2dataset was stopped while writing shard 1
+    with caplog.at_level(logging.WARNING):
+        refs = list_images("cc3m", str(root))
+    by_tar = {tar: [r.offset for r in refs if r.path.name == tar] for tar in ("00000.tar",
+                                                                             "00001.tar")}
+    assert set(by_tar["00000.tar"]) == {-1} and min(by_tar["00001.tar"]) > 0
+    assert "1 tar(s) have no _stats.json" in caplog.text
+
+
+def test_a_member_the_tar_lacks_is_an_error_for_that_image_only(tmp_path):
+    root = make_root(tmp_path / "root", 20, per_tar=20)
+    refs = list_images("cc3m", str(root))
+    tar_path = root / "00000.tar"
+    data = io.BytesIO()
+    with tarfile.open(tar_path) as old, tarfile.open(fileobj=data, mode="w") as new:
+        for member in old:
+            if member.name != refs[3].member:
+                new.addfile(member, old.extractfile(member))
+    tar_path.write_bytes(data.getvalue())
+    tar_index_module._indexes.clear()
+    with pytest.raises(OSError, match=f"{tar_path}: no member {refs[3].member} "):
+        refs[3].read_bytes()
+    assert refs[4].read_bytes()[:2] == b"\xff\xd8"  # a JPEG
+
+
+def test_each_tar_is_indexed_once_per_process(small, monkeypatch):
+    tar_index_module._indexes.clear()
+    calls = []
+    index = tar_index_module.index_tar
+    monkeypatch.setattr(tar_index_module, "index_tar",
+                        lambda path: calls.append(path.name) or index(path))
+    refs = list_images("cc3m", str(small))
+    threads = [threading.Thread(target=lambda part: [r.read_bytes() for r in part],
+                                args=(refs[i::4],)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(calls) == ["00000.tar", "00001.tar"]
+    offset, length = member_range(refs[0].path, refs[0].member)  # kept: no third index
+    assert len(calls) == 2
+    assert refs[0].path.read_bytes()[offset:offset + length] == refs[0].read_bytes()
+
+
+def test_listing_on_s3_costs_the_same_requests_whatever_the_images_per_tar(tmp_path):
+    """Two roots of 2 shards each, 50 and 2,000 urls per shard: the same requests, and bytes read
+    that stay far below the tars'."""
+    server = S3Server(tmp_path)
+    try:
+        counted = []
+        for per_tar in (50, 2000):
+            root = make_root(tmp_path / f"r{per_tar}", 2 * per_tar, per_tar=per_tar)
+            url = server.upload(root, f"listing-{per_tar}")
+            numbers = server.measure(url)
+            assert numbers["images"] == 2 * per_tar * 9 // 10
+            tars = sum(path.stat().st_size for path in root.glob("*.tar"))
+            counted.append((numbers["requests_by_method"], numbers["bytes_read"], tars))
+    finally:
+        server.close()
+    (small_requests, small_bytes, _), (large_requests, large_bytes, large_tars) = counted
+    assert small_requests == large_requests
+    assert sum(large_requests.values()) <= 4 * 2 + 2  # per shard: stats, parquet, tar head
+    assert large_bytes < large_tars / 20
+
+
+def test_fitted_exponents():
+    rows = [{"urls": 10, "list_s": 2.0, "requests": 4}, {"urls": 1000, "list_s": 200.0,
+                                                         "requests": 4}]
+    fitted = exponents(rows)
+    assert fitted["list_s"] == pytest.approx(1.0) and fitted["requests"] == pytest.approx(0.0)
