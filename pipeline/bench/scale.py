@@ -34,6 +34,14 @@ SHARD_SIZE = 1000  # output.shard_size's default
 BATCH_SIZE = 8
 COSTS = ["list_s", "plan_s", "driver_mb", "bytes_read", "requests"]
 RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+# The fastest honest detector: random weights, ResNet-18 of width 8 on 32-pixel images, one box
+# per image, so that listing, decoding, queueing, writing and the status files are what is timed.
+TINY_DETECTOR = [
+    "detector.depth=18", "detector.width=8", "detector.rpn_hidden=16",
+    "detector.rpn_pre_nms_topk=50", "detector.rpn_post_nms_topk=10",
+    "detector.pooler_resolution=2", "preprocess.min_size=32", "preprocess.max_size=32",
+    "selection.min_boxes=1", "selection.max_boxes=1", "run.batch_size=64", "run.engine=local",
+]
 
 DESCRIPTION = __doc__.split("\n\n")[1].replace("\n", " ")
 
@@ -46,6 +54,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "vlpipe-bench-scale)")
     parser.add_argument("--s3", action="store_true",
                         help="also on a local S3 server (needs moto: uv sync --extra test)")
+    parser.add_argument("--extract-sizes", metavar="SIZES",
+                        help="also extract roots of these url counts with the local engine and a "
+                        "tiny random detector (TINY_DETECTOR), whole, then again killed at half "
+                        "its shards and resumed (e.g. 1000,10000,100000)")
     parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     parser.add_argument("--plot", metavar="PNG", help="draw each cost against the size")
     parser.add_argument("--before", metavar="JSON", help="with --plot: an earlier run's --json, "
@@ -56,7 +68,7 @@ def tiny_jpeg() -> bytes:
     from PIL import Image
 
     buffer = io.BytesIO()
-    Image.new("RGB", (8, 8), (200, 40, 40)).save(buffer, format="JPEG", quality=50)
+    Image.new("RGB", (32, 32), (200, 40, 40)).save(buffer, format="JPEG", quality=50)
     return buffer.getvalue()
 
 
@@ -72,7 +84,7 @@ def make_root(folder: Path, urls: int, per_tar: int = URLS_PER_TAR) -> Path:
     for shard, start in enumerate(range(0, urls, per_tar)):
         downloads = [
             Download(url=f"https://example.com/{start + i}.jpg", caption=f"a photo {start + i}",
-                     jpeg=jpeg, width=8, height=8)
+                     jpeg=jpeg, width=32, height=32)
             if i % FAILED_EVERY != FAILED_EVERY - 1 else
             Download(url=f"https://example.com/{start + i}.jpg", caption="", jpeg=None,
                      error_message="HTTP Error 404: Not Found")
@@ -119,6 +131,66 @@ def measure(root: str) -> dict:
     return {"images": len(refs), "units": len(units), "list_s": listed - start,
             "plan_s": planned - listed, "rss_before_mb": before_mb, "peak_mb": peak_mb,
             "driver_mb": peak_mb - before_mb, "bytes_read": _bytes_read() - read_before}
+
+
+def measure_extract(root: str, out: str) -> dict:
+    """`pipeline extract --dataset cc3m` of `root` into `out` (resuming what is there) in this
+    process, with TINY_DETECTOR on the CPU."""
+    from pipeline.extract.config import resolve_job
+    from pipeline.extract.job import extract_dataset
+
+    start = time.perf_counter()
+    tally = extract_dataset(resolve_job(None, TINY_DETECTOR, device="cpu"), "cc3m", root, out,
+                            show_progress=False)
+    first = tally.timeline[0][0] - start if tally.timeline else None
+    return {"extracted": tally.ok, "failed": sum(tally.failed.values()),
+            "skipped_images": tally.skipped_images, "wall_s": time.perf_counter() - start,
+            "first_unit_s": first, "peak_mb": _memory_mb("VmHWM")}
+
+
+def samples(out: Path) -> dict[str, str]:
+    """key -> sample sha256 over the complete shards of `out` (a key written twice counts once,
+    so the count of keys against the count of records tells)."""
+    found: dict[str, str] = {}
+    for path in sorted(out.glob("*_stats.json")):
+        stats = json.loads(path.read_text())
+        found.update(zip(stats["keys"], stats["sample_sha256"], strict=True))
+    return found
+
+
+def _records(out: Path) -> int:
+    return sum(len(json.loads(p.read_text())["keys"]) for p in out.glob("*_stats.json"))
+
+
+def extract_row(root: Path, work: Path, urls: int) -> dict:
+    """A whole run, then a run killed at half its shards and resumed, with what each wrote."""
+    import shutil
+
+    whole, broken = work / f"feats_{urls}", work / f"feats_{urls}_killed"
+    for out in (whole, broken):
+        shutil.rmtree(out, ignore_errors=True)
+    row = {"urls": urls, **_child_extract(root, whole)}
+    shards = len(list(whole.glob("*_stats.json")))
+    command = [sys.executable, "-m", "pipeline.bench.scale", "extract", str(root), str(broken)]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while len(list(broken.glob("*_stats.json"))) < shards // 2 and run.poll() is None:
+        time.sleep(0.05)
+    run.kill()
+    run.wait()
+    killed_at = len(list(broken.glob("*_stats.json")))
+    resumed = _child_extract(root, broken)
+    expected = samples(whole)
+    row["resume"] = {"shards_before": killed_at, "of": shards, **resumed,
+                     "records": _records(broken), "equal": samples(broken) == expected}
+    return row
+
+
+def _child_extract(root: Path, out: Path) -> dict:
+    done = subprocess.run([sys.executable, "-m", "pipeline.bench.scale", "extract", str(root),
+                           str(out)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"extracting {root} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def _child(root: str, env: dict | None = None) -> dict:
@@ -221,6 +293,29 @@ def _table(storage: str, rows: list[dict], fitted: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def _extract_exponents(rows: list[dict]) -> dict[str, float]:
+    """k of wall time and of the resumed run's time to its first new unit."""
+    fitted = exponents([{"urls": r["urls"], "list_s": r["wall_s"]} for r in rows])
+    first = exponents([{"urls": r["urls"], "list_s": r["resume"]["first_unit_s"]} for r in rows])
+    return {"wall_s": fitted.get("list_s"), "resume_first_unit_s": first.get("list_s")}
+
+
+def _extract_table(rows: list[dict], fitted: dict) -> str:
+    lines = ["local engine, tiny random detector: a whole run, then one killed at half and resumed",
+             f"{'urls':>10} {'images':>9} {'wall s':>8} {'img/s':>7} {'peak MB':>8} "
+             f"{'killed at':>10} {'first new s':>11} {'records':>8} {'equal':>6}"]
+    for r in rows:
+        resume = r["resume"]
+        lines.append(
+            f"{r['urls']:>10,} {r['extracted']:>9,} {r['wall_s']:>8.1f} "
+            f"{r['extracted'] / r['wall_s']:>7.0f} {r['peak_mb']:>8.0f} "
+            f"{resume['shards_before']:>4}/{resume['of']:<5} {resume['first_unit_s']:>11.2f} "
+            f"{resume['records']:>8,} {str(resume['equal']):>6}")
+    lines.append("fitted exponent k: " + ", ".join(
+        f"{cost} {k:.2f}" for cost, k in fitted.items() if k is not None))
+    return "\n".join(lines)
+
+
 def _plot(results: dict, path: str, before: dict | None = None) -> None:
     import matplotlib
 
@@ -265,6 +360,11 @@ def run(args: argparse.Namespace) -> int:
     for storage, block in results.items():
         block["exponents"] = exponents(block["rows"])
         print(_table(storage, block["rows"], block["exponents"]))
+    if args.extract_sizes:
+        rows = [extract_row(make_root(work / f"cc3m_{urls}", urls), work, urls)
+                for urls in (int(s) for s in args.extract_sizes.split(","))]
+        results["extract"] = {"rows": rows, "exponents": _extract_exponents(rows)}
+        print(_extract_table(rows, results["extract"]["exponents"]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
@@ -273,4 +373,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(sys.argv[1])))
+    if sys.argv[1] == "extract":
+        print(json.dumps(measure_extract(sys.argv[2], sys.argv[3])))
+    else:
+        print(json.dumps(measure(sys.argv[1])))
