@@ -104,8 +104,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                                "(same weights and work)", MODEL_DESCRIPTION))
     step.add_args(actions.add("step", "training samples/s of the four architectures' step in "
                               "each variant (precision, CUDA graph, compile)", STEP_DESCRIPTION))
-    scale.add_args(actions.add("scale", "what listing and planning a CC3M download cost at "
-                               "growing sizes, on a disk and on S3", scale.DESCRIPTION))
+    scale.add_args(actions.add("scale", "what listing, planning, extracting and resuming a "
+                               "CC3M download cost at growing sizes, on a disk and on S3",
+                               scale.DESCRIPTION))
     add_end_to_end_args(actions.add("end-to-end", "images/s of one training step with the "
                                     "detector trained end to end (VL-BERT)",
                                     END_TO_END_DESCRIPTION))

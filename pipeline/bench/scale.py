@@ -1,14 +1,19 @@
-"""`pipeline bench scale`: what listing and planning a CC3M download cost as it grows.
+"""`pipeline bench scale`: what listing, planning, extracting and resuming a CC3M download cost as
+it grows.
 
 A CC3M root in img2dataset's webdataset layout (`{shard:05d}.tar` of `{key}.jpg/.json/.txt`,
 `.parquet`, `_stats.json`; 10,000 urls per tar, every tenth a failed download, as about 10% of
-CC3M's urls are dead) is generated at each size with one tiny JPEG (a few hundred bytes), so that
+CC3M's urls are dead) is generated at each size with one 32x32 JPEG (644 bytes), so that
 disk and decode do not dominate. For each size, on a local disk and, with --s3, on a local S3
 server (moto's, which counts every request it serves), a fresh process lists the root
 (`--dataset cc3m`'s reader) and plans the run (shards and detector batches) as `pipeline extract`
 does, and reports wall time, the process's memory before and at its peak, the bytes it read
 (local: the kernel's count; S3: the sum of the byte ranges it asked for) and the requests. The
-costs are fitted to `a * n ** k` over the sizes: k is the exponent reported.
+costs are fitted to `a * n ** k` over the sizes: k is the exponent reported. With
+--extract-sizes, those roots are also extracted by the local engine with a tiny random detector:
+a whole run; a run killed once half its shards are written, then resumed (time to its first new
+unit; records and sample digests against the whole run); `shards verify` and `export-tsv` of the
+whole run's shards.
 
 The roots are kept in --work and reused by later runs of the same sizes.
 """
@@ -148,6 +153,19 @@ def measure_extract(root: str, out: str) -> dict:
             "first_unit_s": first, "peak_mb": _memory_mb("VmHWM")}
 
 
+def measure_shards(verb: str, out: str) -> dict:
+    """`pipeline shards verify` or `export-tsv` of `out` in this process: time, memory growth."""
+    from shards.tsv import export_tsv
+    from shards.verify import verify_shards
+
+    before_mb, start = _memory_mb("VmRSS"), time.perf_counter()
+    if verb == "verify":
+        assert verify_shards(out) == [], f"{out}: problems"
+    else:
+        export_tsv(out, Path(out).with_suffix(".tsv"))
+    return {"wall_s": time.perf_counter() - start, "driver_mb": _memory_mb("VmHWM") - before_mb}
+
+
 def samples(out: Path) -> dict[str, str]:
     """key -> sample sha256 over the complete shards of `out` (a key written twice counts once,
     so the count of keys against the count of records tells)."""
@@ -182,14 +200,22 @@ def extract_row(root: Path, work: Path, urls: int) -> dict:
     expected = samples(whole)
     row["resume"] = {"shards_before": killed_at, "of": shards, **resumed,
                      "records": _records(broken), "equal": samples(broken) == expected}
+    for verb in ("verify", "export"):
+        row[verb] = _child_json("shards", verb, str(whole))
+    whole.with_suffix(".tsv").unlink()
     return row
 
 
 def _child_extract(root: Path, out: Path) -> dict:
-    done = subprocess.run([sys.executable, "-m", "pipeline.bench.scale", "extract", str(root),
-                           str(out)], capture_output=True, text=True)
+    return _child_json("extract", str(root), str(out))
+
+
+def _child_json(*args: str) -> dict:
+    """`python -m pipeline.bench.scale ARGS` in a fresh process: its JSON line."""
+    done = subprocess.run([sys.executable, "-m", "pipeline.bench.scale", *args],
+                          capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"extracting {root} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.splitlines()[-1])
 
 
@@ -297,7 +323,10 @@ def _extract_exponents(rows: list[dict]) -> dict[str, float]:
     """k of wall time and of the resumed run's time to its first new unit."""
     fitted = exponents([{"urls": r["urls"], "list_s": r["wall_s"]} for r in rows])
     first = exponents([{"urls": r["urls"], "list_s": r["resume"]["first_unit_s"]} for r in rows])
-    return {"wall_s": fitted.get("list_s"), "resume_first_unit_s": first.get("list_s")}
+    verify = exponents([{"urls": r["urls"], "list_s": r["verify"]["wall_s"]} for r in rows])
+    export = exponents([{"urls": r["urls"], "list_s": r["export"]["wall_s"]} for r in rows])
+    return {"wall_s": fitted.get("list_s"), "resume_first_unit_s": first.get("list_s"),
+            "verify_s": verify.get("list_s"), "export_tsv_s": export.get("list_s")}
 
 
 def _extract_table(rows: list[dict], fitted: dict) -> str:
@@ -313,6 +342,11 @@ def _extract_table(rows: list[dict], fitted: dict) -> str:
             f"{resume['records']:>8,} {str(resume['equal']):>6}")
     lines.append("fitted exponent k: " + ", ".join(
         f"{cost} {k:.2f}" for cost, k in fitted.items() if k is not None))
+    lines.append("pipeline shards verify / export-tsv of the whole run's shards")
+    for r in rows:
+        lines.append(f"{r['urls']:>10,}  verify {r['verify']['wall_s']:.1f} s "
+                     f"(+{r['verify']['driver_mb']:.0f} MB), export-tsv "
+                     f"{r['export']['wall_s']:.1f} s (+{r['export']['driver_mb']:.0f} MB)")
     return "\n".join(lines)
 
 
@@ -375,5 +409,7 @@ def run(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "extract":
         print(json.dumps(measure_extract(sys.argv[2], sys.argv[3])))
+    elif sys.argv[1] == "shards":
+        print(json.dumps(measure_shards(sys.argv[2], sys.argv[3])))
     else:
         print(json.dumps(measure(sys.argv[1])))
