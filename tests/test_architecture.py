@@ -191,7 +191,7 @@ def test_tars_are_read_in_one_place_per_format():
         if "tarfile.open(" in path.read_text()
     )
     assert [p for p in openers if not p.startswith("shards/")] == [
-        "pipeline/datasets/cc3m.py",       # img2dataset's downloads: the one reader
+        "pipeline/datasets/tar_index.py",  # img2dataset's downloads: the one reader
         "pipeline/world/formats/cc3m.py",  # writes them for the world
     ]
 

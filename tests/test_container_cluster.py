@@ -17,19 +17,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from podman_image import NEEDS_PODMAN, podman, podman_env
 from test_multinode import (
-    EXTRACT, HOSTS, IMAGES, PHOTOS, PORT, PRETRAIN_SETS, STEPS, TIMEOUT, Background, Cluster,
-    _local_extraction, _samples, _why_no_namespaces,
+    EXTRACT, HOSTS, IMAGES, PHOTOS, PORT, PRETRAIN_SETS, TIMEOUT, Cluster, _local_extraction,
+    _samples, cluster_up, resume_after_losing_a_worker_host, run_losing_a_worker_host,
 )
-from test_pretrain_loop import train_losses
-from test_pretrain_ray import wait_for_step
 
 from pipeline.common.assets import SAMPLE_IMAGES, bundled_detector
 from shards.verify import verify_shards
@@ -44,6 +40,8 @@ RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0",
 class ContainerCluster(Cluster):
     """Cluster's namespaces and bridge; each host's Ray node is a container of `image` in the
     host's namespace, with `data` mounted at /data."""
+
+    python = "python"  # the image's
 
     def __init__(self, root: Path, image: str, data: Path):
         super().__init__(root)
@@ -82,25 +80,6 @@ class ContainerCluster(Cluster):
         """`command` run in the host's container."""
         return ["podman", "exec", self.ns(host), *command]
 
-    def wait_for_nodes(self) -> None:
-        """Until the GCS counts exactly one live node per started host."""
-        want = ",".join(sorted(self.ip(h) for h in self.nodes))
-        probe = (
-            "import ray, sys, time\n"
-            "ray.init(address=sys.argv[1], logging_level='ERROR')\n"
-            "deadline = time.monotonic() + float(sys.argv[3])\n"
-            "while time.monotonic() < deadline:\n"
-            "    alive = sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])\n"
-            "    if ','.join(alive) == sys.argv[2]:\n"
-            "        sys.exit(0)\n"
-            "    time.sleep(0.5)\n"
-            "sys.exit(f'live nodes: {alive}')\n"
-        )
-        done = subprocess.run(self.exec(1, "python", "-c", probe, self.address, want,
-                                        str(TIMEOUT)),
-                              env=self.env, capture_output=True, text=True, timeout=TIMEOUT + 60)
-        assert done.returncode == 0, f"not {want}: {done.stderr[-2000:]}"
-
     def kill(self, host: int) -> None:
         """The node dies: SIGKILL to the container's first process, which takes every other
         process of the container with it; nothing is left in the host's namespace."""
@@ -128,20 +107,9 @@ def data(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(cpu_image, data):
-    reason = _why_no_namespaces()
-    if reason:
-        pytest.skip(f"a Ray cluster of containers in network namespaces: {reason}")
-    root = Path(tempfile.mkdtemp(prefix="vlpc", dir="/tmp"))
-    made = ContainerCluster(root, cpu_image, data)
-    try:
-        made.build_network()
-        for host in HOSTS:
-            made.start(host)
-        made.wait_for_nodes()
+    with cluster_up(lambda root: ContainerCluster(root, cpu_image, data),
+                    "a Ray cluster of containers") as made:
         yield made
-    finally:
-        made.close()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_extraction_job_submitted_to_containers_survives_losing_one(cluster, data, tmp_path):
@@ -158,23 +126,9 @@ def test_extraction_job_submitted_to_containers_survives_losing_one(cluster, dat
         "--out", "/data/feats", "--config", str(config), "--weights", str(weights), *EXTRACT,
         "--address", "auto", "--actors", "2", "--decoders", "1",
     )
-    run = Background(cluster, command, tmp_path / "submit.out")
-    with run as proc:
-        deadline = time.monotonic() + TIMEOUT
-        while not list(out.glob("*_stats.json")):
-            assert proc.poll() is None, run.tail()
-            assert time.monotonic() < deadline, "no shard finished"
-            time.sleep(0.1)
-        victims = sorted(cluster.running("UnitDetector") - {1})
-        assert victims, "no detector actor on a worker container"
-        victim = victims[0]
-        cluster.kill(victim)
-        finished = len(list(out.glob("*_stats.json")))
-        cluster.start(victim)  # the replacement node, as KubeRay brings one
-        proc.wait(timeout=TIMEOUT)
-    assert finished < IMAGES // 8 // 2, "the run was mostly done before the node died"
-    assert proc.returncode == 0, run.tail()
-    assert re.search(r"Job 'raysubmit_\w+' succeeded", run.log.read_text()), run.tail()
+    run_losing_a_worker_host(cluster, command, out, tmp_path / "submit.out")
+    submitted = (tmp_path / "submit.out").read_text()
+    assert re.search(r"Job 'raysubmit_\w+' succeeded", submitted), submitted[-3000:]
 
     assert _samples(out) == expected  # every image once, as one uninterrupted process writes it
     assert verify_shards(out) == []
@@ -202,34 +156,6 @@ def test_pretraining_on_containers_resumes_after_losing_one(cluster, data, pretr
     for path in [world, *world.rglob("*")]:
         os.chown(path, 1001, 1001)
 
-    run = Background(cluster, _pretrain(cluster, "/data/runs/whole"), tmp_path / "whole.out")
-    hosts: set[int] = set()
-    with run as proc:
-        deadline = time.monotonic() + TIMEOUT
-        while proc.poll() is None and time.monotonic() < deadline:
-            hosts |= cluster.running("RayTrainWorker")
-            time.sleep(0.5)
-    assert proc.returncode == 0, run.tail()
-    assert len(hosts) == 2, f"training workers in containers {hosts}"
-    expected = train_losses(data / "runs" / "whole")
-    assert sorted(expected) == list(range(1, STEPS + 1))
-
-    broken = data / "runs" / "broken"
-    run = Background(cluster, _pretrain(cluster, "/data/runs/broken"), tmp_path / "broken.out")
-    with run as proc:
-        wait_for_step(broken, 13, proc, timeout=TIMEOUT)
-        victims = sorted(cluster.running("RayTrainWorker") - {1})
-        assert victims, "no training worker in a worker container"
-        victim = victims[0]
-        cluster.kill(victim)
-        killed_at = max(train_losses(broken))
-        cluster.start(victim)
-        proc.wait(timeout=TIMEOUT)
-    assert killed_at < STEPS
-    assert proc.returncode != 0, "the run went on without a worker"
-
-    cluster.wait_for_nodes()
-    resumed = subprocess.run(_pretrain(cluster, "/data/runs/broken", "--resume"),
-                             env=cluster.env, capture_output=True, text=True, timeout=TIMEOUT)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert train_losses(broken) == expected  # every step, the resumed ones included
+    resume_after_losing_a_worker_host(
+        cluster, lambda name, *extra: _pretrain(cluster, f"/data/runs/{name}", *extra),
+        data / "runs", tmp_path)

@@ -92,6 +92,8 @@ def _session(sid: int) -> set[int]:
 class Cluster:
     """The namespaces, the bridge, and one `ray start --block` per live host."""
 
+    python = sys.executable  # the interpreter that `exec` runs on a host
+
     def __init__(self, root: Path):
         self.root = root
         self.prefix = f"vlp{os.getpid()}"
@@ -168,7 +170,7 @@ class Cluster:
             "sys.exit(f'live nodes: {alive}')\n"
         )
         done = subprocess.run(
-            self.exec(1, sys.executable, "-c", probe, self.address, want, str(TIMEOUT)),
+            self.exec(1, self.python, "-c", probe, self.address, want, str(TIMEOUT)),
             env=self.env, capture_output=True, text=True, timeout=TIMEOUT + 60,
         )
         assert done.returncode == 0, f"not {want}: {done.stderr[-2000:]}"
@@ -212,14 +214,16 @@ class Cluster:
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def cluster():
+@contextlib.contextmanager
+def cluster_up(make, what: str):
+    """`make(root)`'s cluster with every host started, closed at the end; the test is skipped
+    (naming `what`) where this machine cannot hold it."""
     reason = _why_no_namespaces()
     if reason:
-        pytest.skip(f"multi-node Ray in network namespaces: {reason}")
+        pytest.skip(f"{what} in network namespaces: {reason}")
     # Short: Ray's socket paths under it must fit in 107 bytes.
     root = Path(tempfile.mkdtemp(prefix="vlp", dir="/tmp"))
-    made = Cluster(root)
+    made = make(root)
     try:
         made.build_network()
         for host in HOSTS:
@@ -229,6 +233,12 @@ def cluster():
     finally:
         made.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with cluster_up(Cluster, "multi-node Ray") as made:
+        yield made
 
 
 class Background:
@@ -295,18 +305,11 @@ def _local_extraction(images: Path, out: Path) -> dict[str, str]:
     return _samples(out)
 
 
-def test_extraction_spreads_over_hosts_and_survives_losing_one(cluster, image_list, tmp_path):
-    expected = _local_extraction(image_list, tmp_path / "local")
-    assert sorted(expected) == [f"list-img{i:03d}" for i in range(IMAGES)]
-
-    config, weights = bundled_detector()
-    out = tmp_path / "feats"
-    command = cluster.exec(
-        1, str(BIN / "pipeline"), "extract", "--dataset", "list", "--root", str(image_list),
-        "--out", str(out), "--config", str(config), "--weights", str(weights), *EXTRACT,
-        "--address", cluster.address, "--actors", "2", "--decoders", "1",
-    )
-    run = Background(cluster, command, tmp_path / "extract.out")
+def run_losing_a_worker_host(cluster: Cluster, command: list[str], out: Path, log: Path) -> None:
+    """The extraction `command` (into `out`) in the background; once its first shard is written, a
+    worker host running a detector actor dies and a replacement joins; the run must finish, having
+    had most of it ahead when the host died."""
+    run = Background(cluster, command, log)
     with run as proc:
         deadline = time.monotonic() + TIMEOUT
         while not list(out.glob("*_stats.json")):
@@ -325,6 +328,20 @@ def test_extraction_spreads_over_hosts_and_survives_losing_one(cluster, image_li
         proc.wait(timeout=TIMEOUT)
     assert finished < IMAGES // 8 // 2, "the run was mostly done before the host died"
     assert proc.returncode == 0, run.tail()
+
+
+def test_extraction_spreads_over_hosts_and_survives_losing_one(cluster, image_list, tmp_path):
+    expected = _local_extraction(image_list, tmp_path / "local")
+    assert sorted(expected) == [f"list-img{i:03d}" for i in range(IMAGES)]
+
+    config, weights = bundled_detector()
+    out = tmp_path / "feats"
+    command = cluster.exec(
+        1, str(BIN / "pipeline"), "extract", "--dataset", "list", "--root", str(image_list),
+        "--out", str(out), "--config", str(config), "--weights", str(weights), *EXTRACT,
+        "--address", cluster.address, "--actors", "2", "--decoders", "1",
+    )
+    run_losing_a_worker_host(cluster, command, out, tmp_path / "extract.out")
 
     # What the lost host held (its actor's units in flight, the blocks in its object store) was
     # redone elsewhere: every image written once, as one uninterrupted process writes it.
@@ -355,9 +372,11 @@ def _pretrain(cluster: Cluster, world, out: Path, *extra: str) -> list[str]:
     return cluster.exec(1, *command)
 
 
-def test_pretraining_on_two_hosts_resumes_after_losing_one(cluster, pretrain_world, tmp_path):
-    whole = tmp_path / "whole"
-    run = Background(cluster, _pretrain(cluster, pretrain_world, whole), tmp_path / "whole.out")
+def resume_after_losing_a_worker_host(cluster: Cluster, pretrain, runs: Path, logs: Path) -> None:
+    """`pretrain(name, *extra)`: the command of the pretraining run in `runs / name`. A whole run,
+    its workers on two hosts; a run whose worker host dies after step 13 (it fails; a replacement
+    joins); that run `--resume`d: every step's losses equal the whole run's."""
+    run = Background(cluster, pretrain("whole"), logs / "whole.out")
     hosts: set[int] = set()
     with run as proc:
         deadline = time.monotonic() + TIMEOUT
@@ -366,11 +385,11 @@ def test_pretraining_on_two_hosts_resumes_after_losing_one(cluster, pretrain_wor
             time.sleep(0.5)
     assert proc.returncode == 0, run.tail()
     assert len(hosts) == 2, f"training workers on hosts {hosts}"  # DDP over gloo between hosts
-    expected = train_losses(whole)
+    expected = train_losses(runs / "whole")
     assert sorted(expected) == list(range(1, STEPS + 1))
 
-    broken = tmp_path / "broken"
-    run = Background(cluster, _pretrain(cluster, pretrain_world, broken), tmp_path / "broken.out")
+    broken = runs / "broken"
+    run = Background(cluster, pretrain("broken"), logs / "broken.out")
     with run as proc:
         wait_for_step(broken, 13, proc, timeout=TIMEOUT)
         victims = sorted(cluster.running("RayTrainWorker") - {1})
@@ -385,7 +404,13 @@ def test_pretraining_on_two_hosts_resumes_after_losing_one(cluster, pretrain_wor
     assert (broken / "checkpoints" / f"step_{10:08d}" / "position.json").is_file()
 
     cluster.wait_for_nodes()
-    resumed = subprocess.run(_pretrain(cluster, pretrain_world, broken, "--resume"),
-                             env=cluster.env, capture_output=True, text=True, timeout=TIMEOUT)
+    resumed = subprocess.run(pretrain("broken", "--resume"), env=cluster.env, capture_output=True,
+                             text=True, timeout=TIMEOUT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert train_losses(broken) == expected  # every step, the resumed ones included
+
+
+def test_pretraining_on_two_hosts_resumes_after_losing_one(cluster, pretrain_world, tmp_path):
+    resume_after_losing_a_worker_host(
+        cluster, lambda name, *extra: _pretrain(cluster, pretrain_world, tmp_path / name, *extra),
+        tmp_path, tmp_path)

@@ -246,8 +246,10 @@ class S3Server:
             [str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env={**os.environ,
                                             "MOTO_RECORDER_FILEPATH": str(self.recording)})
-        self.env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+        # The standard variables that point boto and s3fs at it; `env` is this process's with them.
+        self.aws = {"AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": "moto",
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.url}
+        self.env = {**os.environ, **self.aws}
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -262,7 +264,7 @@ class S3Server:
     def upload(self, folder: Path, bucket: str) -> str:
         import s3fs
 
-        fs = s3fs.S3FileSystem(key="bench", secret="bench", endpoint_url=self.url)
+        fs = s3fs.S3FileSystem(key="moto", secret="moto", endpoint_url=self.url)
         fs.mkdir(bucket)
         fs.put(str(folder), f"{bucket}/cc3m", recursive=True)
         return f"s3://{bucket}/cc3m"
@@ -402,7 +404,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
-        _plot(results, args.plot, json.loads(Path(args.before).read_text()) if args.before else None)
+        before = json.loads(Path(args.before).read_text()) if args.before else None
+        _plot(results, args.plot, before)
     return 0
 
 

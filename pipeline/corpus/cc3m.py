@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pipeline.corpus.config import CorpusError
 from pipeline.corpus.sources import Text, clean, progress_bar, say_reading
 from pipeline.datasets.base import IMAGE_SUFFIXES
-from pipeline.datasets.cc3m import tar_members
+from pipeline.datasets.tar_index import tar_members
 
 SUCCESS = "success"
 

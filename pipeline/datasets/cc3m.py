@@ -35,18 +35,17 @@ Split: always "" (CC3M's train and validation TSVs are separate roots).
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import re
 import tarfile
-from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 from pipeline.datasets.base import (
     IMAGE_SUFFIXES, DatasetError, ImageRef, describe_contents, examples,
 )
-from shards.storage import Location, as_path, read_range, relative_posix, sort_paths
+from pipeline.datasets.tar_index import head_members, tar_members
+from shards.storage import Location, as_path, relative_posix, sort_paths
 
 HEADER = "caption\turl"
 KEY = re.compile(r"\d{9}")
@@ -70,17 +69,6 @@ def list_cc3m(root: str) -> list[ImageRef]:
     if len(tsvs) != 1 or not (root / "images").is_dir():
         raise DatasetError(f"cc3m root {root}: {EXPECTED}; found: {describe_contents(root)}")
     return _list_tsv(root, tsvs[0], root / "images")
-
-
-def tar_members(tar_path: Location) -> Iterator[tuple[str, str, tarfile.TarInfo, tarfile.TarFile]]:
-    """(key, extension after the key's first '.', member, the open tar) of each regular file of an
-    img2dataset tar, in file order: the one reader of these tars (the image lister here, the
-    caption reader of pipeline/corpus/cc3m.py). tarfile.TarError propagates."""
-    with tar_path.open("rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-        for member in tar:
-            if member.isfile():
-                key, _, ext = PurePosixPath(member.name).name.partition(".")
-                yield key, ext, member, tar
 
 
 def _list_shards(root: Location, tars: list[Location]) -> list[ImageRef]:
@@ -167,18 +155,11 @@ def _image_suffix(tar_path: Location) -> str | None:
     `.jpg` unless --encode_format), from the tar's first HEAD_BYTES bytes; None if none is
     there."""
     try:
-        head = read_range(tar_path, 0, HEAD_BYTES)
+        names = head_members(tar_path, HEAD_BYTES)
     except OSError as err:
         raise DatasetError(f"{tar_path}: unreadable ({err})") from err
-    try:
-        with tarfile.open(fileobj=io.BytesIO(head), mode="r:") as tar:
-            for member in tar:
-                suffix = PurePosixPath(member.name).suffix
-                if member.isfile() and suffix.lower() in IMAGE_SUFFIXES:
-                    return suffix
-    except tarfile.TarError:  # the head ends inside a member: what it held had no image
-        return None
-    return None
+    suffixes = [PurePosixPath(name).suffix for name in names]
+    return next((s for s in suffixes if s.lower() in IMAGE_SUFFIXES), None)
 
 
 def _count_rows(tsv: Location) -> int:
