@@ -5,6 +5,7 @@ every tenth url failed); requests counted by moto's S3 server as it serves them.
 
 from __future__ import annotations
 
+import argparse
 import io
 import logging
 import tarfile
@@ -12,7 +13,7 @@ import threading
 
 import pytest
 
-from pipeline.bench.scale import S3Server, exponents, make_root
+from pipeline.bench.scale import S3Server, exponents, make_root, url_counts
 from pipeline.datasets import list_images
 from pipeline.datasets import tar_index as tar_index_module
 from pipeline.datasets.cc3m import _scanned_refs
@@ -108,3 +109,10 @@ def test_fitted_exponents():
                                                          "requests": 4}]
     fitted = exponents(rows)
     assert fitted["list_s"] == pytest.approx(1.0) and fitted["requests"] == pytest.approx(0.0)
+
+
+def test_sizes_are_url_counts():
+    assert url_counts("10,2000") == [10, 2000]
+    for bad in ("abc", "0", "10,", ""):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"got {bad!r}"):
+            url_counts(bad)

@@ -51,15 +51,27 @@ TINY_DETECTOR = [
 DESCRIPTION = __doc__.split("\n\n")[1].replace("\n", " ")
 
 
+def url_counts(text: str) -> list[int]:
+    """--sizes "10000,100000" -> [10000, 100000]; an argparse error otherwise."""
+    try:
+        counts = [int(item) for item in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated url counts of at least 1, "
+                                         f"such as 10000,100000; got {text!r}")
+    return counts
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", default="10000,100000,1000000",
+    parser.add_argument("--sizes", type=url_counts, default="10000,100000,1000000",
                         help="comma-separated url counts (default: 10000,100000,1000000)")
     parser.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "vlpipe-bench-scale"),
                         help="where the generated roots are kept (default: $TMPDIR/"
                         "vlpipe-bench-scale)")
     parser.add_argument("--s3", action="store_true",
                         help="also on a local S3 server (needs moto: uv sync --extra test)")
-    parser.add_argument("--extract-sizes", metavar="SIZES",
+    parser.add_argument("--extract-sizes", metavar="SIZES", type=url_counts,
                         help="also extract roots of these url counts with the local engine and a "
                         "tiny random detector (TINY_DETECTOR), whole, then again killed at half "
                         "its shards and resumed (e.g. 1000,10000,100000)")
@@ -379,7 +391,7 @@ def _plot(results: dict, path: str, before: dict | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    sizes = [int(s) for s in args.sizes.split(",")]
+    sizes = args.sizes
     work = Path(args.work)
     roots = {urls: make_root(work / f"cc3m_{urls}", urls) for urls in sizes}
     results = {"local": {"rows": [{"urls": urls, **_child(str(roots[urls]))} for urls in sizes]}}
@@ -398,7 +410,7 @@ def run(args: argparse.Namespace) -> int:
         print(_table(storage, block["rows"], block["exponents"]))
     if args.extract_sizes:
         rows = [extract_row(make_root(work / f"cc3m_{urls}", urls), work, urls)
-                for urls in (int(s) for s in args.extract_sizes.split(","))]
+                for urls in args.extract_sizes]
         results["extract"] = {"rows": rows, "exponents": _extract_exponents(rows)}
         print(_extract_table(rows, results["extract"]["exponents"]))
     if args.json:
