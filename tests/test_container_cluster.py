@@ -156,6 +156,7 @@ def test_pretraining_on_containers_resumes_after_losing_one(cluster, data, pretr
     for path in [world, *world.rglob("*")]:
         os.chown(path, 1001, 1001)
 
-    resume_after_losing_a_worker_host(
+    whole, resumed = resume_after_losing_a_worker_host(
         cluster, lambda name, *extra: _pretrain(cluster, f"/data/runs/{name}", *extra),
         data / "runs", tmp_path)
+    assert resumed == whole  # every step, the resumed ones included

@@ -372,10 +372,12 @@ def _pretrain(cluster: Cluster, world, out: Path, *extra: str) -> list[str]:
     return cluster.exec(1, *command)
 
 
-def resume_after_losing_a_worker_host(cluster: Cluster, pretrain, runs: Path, logs: Path) -> None:
+def resume_after_losing_a_worker_host(cluster: Cluster, pretrain, runs: Path,
+                                      logs: Path) -> tuple[dict, dict]:
     """`pretrain(name, *extra)`: the command of the pretraining run in `runs / name`. A whole run,
     its workers on two hosts; a run whose worker host dies after step 13 (it fails; a replacement
-    joins); that run `--resume`d: every step's losses equal the whole run's."""
+    joins); that run `--resume`d. Returns the losses of every step of the whole run and of the
+    broken run once resumed."""
     run = Background(cluster, pretrain("whole"), logs / "whole.out")
     hosts: set[int] = set()
     with run as proc:
@@ -407,10 +409,11 @@ def resume_after_losing_a_worker_host(cluster: Cluster, pretrain, runs: Path, lo
     resumed = subprocess.run(pretrain("broken", "--resume"), env=cluster.env, capture_output=True,
                              text=True, timeout=TIMEOUT)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert train_losses(broken) == expected  # every step, the resumed ones included
+    return expected, train_losses(broken)
 
 
 def test_pretraining_on_two_hosts_resumes_after_losing_one(cluster, pretrain_world, tmp_path):
-    resume_after_losing_a_worker_host(
+    whole, resumed = resume_after_losing_a_worker_host(
         cluster, lambda name, *extra: _pretrain(cluster, pretrain_world, tmp_path / name, *extra),
         tmp_path, tmp_path)
+    assert resumed == whole  # every step, the resumed ones included

@@ -1,5 +1,5 @@
-"""`pipeline bench extract | pretrain | model | step | scale | end-to-end`: the benchmarks (each module
-says what it measures)."""
+"""`pipeline bench extract | pretrain | model | step | scale | end-to-end`: the benchmarks (each
+module says what it measures)."""
 
 from __future__ import annotations
 

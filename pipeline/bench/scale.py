@@ -141,7 +141,7 @@ def measure(root: str) -> dict:
     start = time.perf_counter()
     refs = list_images("cc3m", root)
     listed = time.perf_counter()
-    gc.freeze()  # as pipeline.extract.job does before planning
+    gc.freeze()  # as pipeline.extract.job does for the run
     units = plan_units(refs, plan_shards(len(refs), SHARD_SIZE), BATCH_SIZE)
     planned = time.perf_counter()
     peak_mb = _memory_mb("VmHWM")
@@ -172,24 +172,23 @@ def measure_shards(verb: str, out: str) -> dict:
 
     before_mb, start = _memory_mb("VmRSS"), time.perf_counter()
     if verb == "verify":
-        assert verify_shards(out) == [], f"{out}: problems"
+        if problems := verify_shards(out):
+            raise RuntimeError(f"{out}: {len(problems)} problems, the first {problems[0]}")
     else:
         export_tsv(out, Path(out).with_suffix(".tsv"))
     return {"wall_s": time.perf_counter() - start, "driver_mb": _memory_mb("VmHWM") - before_mb}
 
 
-def samples(out: Path) -> dict[str, str]:
-    """key -> sample sha256 over the complete shards of `out` (a key written twice counts once,
-    so the count of keys against the count of records tells)."""
+def written(out: Path) -> tuple[dict[str, str], int]:
+    """(key -> sample sha256, records) over the complete shards of `out`: a key written twice is
+    one key and two records."""
     found: dict[str, str] = {}
+    records = 0
     for path in sorted(out.glob("*_stats.json")):
         stats = json.loads(path.read_text())
         found.update(zip(stats["keys"], stats["sample_sha256"], strict=True))
-    return found
-
-
-def _records(out: Path) -> int:
-    return sum(len(json.loads(p.read_text())["keys"]) for p in out.glob("*_stats.json"))
+        records += len(stats["keys"])
+    return found, records
 
 
 def extract_row(root: Path, work: Path, urls: int) -> dict:
@@ -199,7 +198,7 @@ def extract_row(root: Path, work: Path, urls: int) -> dict:
     whole, broken = work / f"feats_{urls}", work / f"feats_{urls}_killed"
     for out in (whole, broken):
         shutil.rmtree(out, ignore_errors=True)
-    row = {"urls": urls, **_child_extract(root, whole)}
+    row = {"urls": urls, **_child("extract", str(root), str(whole))}
     shards = len(list(whole.glob("*_stats.json")))
     command = [sys.executable, "-m", "pipeline.bench.scale", "extract", str(root), str(broken)]
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -208,34 +207,22 @@ def extract_row(root: Path, work: Path, urls: int) -> dict:
     run.kill()
     run.wait()
     killed_at = len(list(broken.glob("*_stats.json")))
-    resumed = _child_extract(root, broken)
-    expected = samples(whole)
-    row["resume"] = {"shards_before": killed_at, "of": shards, **resumed,
-                     "records": _records(broken), "equal": samples(broken) == expected}
+    resumed = _child("extract", str(root), str(broken))
+    digests, records = written(broken)
+    row["resume"] = {"shards_before": killed_at, "of": shards, **resumed, "records": records,
+                     "equal": digests == written(whole)[0]}
     for verb in ("verify", "export"):
-        row[verb] = _child_json("shards", verb, str(whole))
+        row[verb] = _child("shards", verb, str(whole))
     whole.with_suffix(".tsv").unlink()
     return row
 
 
-def _child_extract(root: Path, out: Path) -> dict:
-    return _child_json("extract", str(root), str(out))
-
-
-def _child_json(*args: str) -> dict:
+def _child(*args: str, env: dict | None = None) -> dict:
     """`python -m pipeline.bench.scale ARGS` in a fresh process: its JSON line."""
     done = subprocess.run([sys.executable, "-m", "pipeline.bench.scale", *args],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
-
-
-def _child(root: str, env: dict | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-m", "pipeline.bench.scale", root],
                           capture_output=True, text=True, env=env)
     if done.returncode != 0:
-        raise RuntimeError(f"measuring {root} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(args)} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.splitlines()[-1])
 
 
@@ -290,7 +277,7 @@ class S3Server:
         self._recorder("reset-recording")
         self._recorder("start-recording")
         try:
-            numbers = _child(root, self.env)
+            numbers = _child(root, env=self.env)
         finally:
             self._recorder("stop-recording")
         requests = [json.loads(line) for line in self.recording.read_text().splitlines()]
@@ -306,13 +293,13 @@ class S3Server:
         self.process.wait(timeout=30)
 
 
-def exponents(rows: list[dict]) -> dict[str, float]:
+def exponents(rows: list[dict], costs: list[str] = COSTS) -> dict[str, float]:
     """k of the least-squares fit log(cost) = log(a) + k log(n), per cost with positive values."""
     import numpy as np
 
     n = np.log([r["urls"] for r in rows])
     fitted = {}
-    for cost in COSTS:
+    for cost in costs:
         values = [r.get(cost) for r in rows]
         if len(rows) > 1 and all(v is not None and v > 0 for v in values):
             fitted[cost] = float(np.polyfit(n, np.log(values), 1)[0])
@@ -334,13 +321,13 @@ def _table(storage: str, rows: list[dict], fitted: dict[str, float]) -> str:
 
 
 def _extract_exponents(rows: list[dict]) -> dict[str, float]:
-    """k of wall time and of the resumed run's time to its first new unit."""
-    fitted = exponents([{"urls": r["urls"], "list_s": r["wall_s"]} for r in rows])
-    first = exponents([{"urls": r["urls"], "list_s": r["resume"]["first_unit_s"]} for r in rows])
-    verify = exponents([{"urls": r["urls"], "list_s": r["verify"]["wall_s"]} for r in rows])
-    export = exponents([{"urls": r["urls"], "list_s": r["export"]["wall_s"]} for r in rows])
-    return {"wall_s": fitted.get("list_s"), "resume_first_unit_s": first.get("list_s"),
-            "verify_s": verify.get("list_s"), "export_tsv_s": export.get("list_s")}
+    """k of the whole run's wall time, the resumed run's time to its first new unit, and the
+    times of verify and export-tsv."""
+    flat = [{"urls": r["urls"], "wall_s": r["wall_s"],
+             "resume_first_unit_s": r["resume"]["first_unit_s"],
+             "verify_s": r["verify"]["wall_s"], "export_tsv_s": r["export"]["wall_s"]}
+            for r in rows]
+    return exponents(flat, ["wall_s", "resume_first_unit_s", "verify_s", "export_tsv_s"])
 
 
 def _extract_table(rows: list[dict], fitted: dict) -> str:

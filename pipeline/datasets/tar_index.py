@@ -10,6 +10,7 @@ images, which the plan's order takes from the same tar.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
 import threading
@@ -39,12 +40,11 @@ def tar_members(tar_path: Location) -> Iterator[tuple[str, str, tarfile.TarInfo,
 def head_members(tar_path: Location, size: int) -> list[str]:
     """The names of the regular files whose headers lie in the tar's first `size` bytes (one
     ranged read); OSError if those bytes cannot be read."""
+    head = io.BytesIO(read_range(tar_path, 0, size))
     names = []
-    try:
-        with tarfile.open(fileobj=io.BytesIO(read_range(tar_path, 0, size)), mode="r:") as tar:
+    with contextlib.suppress(tarfile.TarError):  # the head ends inside a member: the names before
+        with tarfile.open(fileobj=head, mode="r:") as tar:
             names.extend(member.name for member in tar if member.isfile())
-    except tarfile.TarError:  # the head ends inside a member: the names before it
-        pass
     return names
 
 

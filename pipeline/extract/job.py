@@ -11,6 +11,7 @@ becomes a failure record in its shard's stats and status table; the rest of the 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 from pathlib import Path
@@ -56,6 +57,18 @@ def extract_dataset(
     return extract_refs(job, refs, record, out_dir, weights, given_boxes, show_progress, address)
 
 
+@contextlib.contextmanager
+def _existing_objects_frozen():
+    """Every object made so far (the image list among them) left out of the garbage collector's
+    full passes until the block ends: the image list lives as long as the run, and each full pass
+    would walk all of it (at 1M images, 2/3 of the planning's time)."""
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
 def extract_refs(
     job: ExtractJobConfig,
     refs: list[ImageRef],
@@ -75,53 +88,51 @@ def extract_refs(
         raise ConfigError("box mode 'given' needs --given-boxes FILE")
     if address is not None and job.run.engine != "ray":
         raise ConfigError("--address joins a Ray cluster; it needs --engine ray")
-    # The image list lives as long as the run: out of the garbage collector's full passes, which
-    # would otherwise walk every image's objects each time (at 1M images, 2/3 of the planning).
-    gc.freeze()
-    plan = plan_shards(len(refs), job.output.shard_size)
-    # The detector first: weights that do not fit stop the run before --out is created.
-    if job.run.engine == "local":
-        extractor, detector = build_extractor(job, weights)
-    else:
-        detector = detector_record(job, weights)
-    out_dir = as_path(out_dir)
-    make_dirs(out_dir)
-    tally = Tally()
-    with OutputLock(out_dir):
-        save_job_config(out_dir, record | {"detector": detector, "config": job.sample_config()})
-        done = completed_shards(out_dir)
-        todo = [shard for shard in plan if shard.name not in done]
-        units = plan_units(refs, todo, job.run.batch_size)
-        tally.skipped_shards = len(plan) - len(todo)
-        tally.skipped_images = sum(shard.size for shard in plan if shard.name in done)
-        log = ExtractLog(out_dir)
-        log.write(
-            f"=== run: {record['dataset']} at {record['root']}, engine {job.run.engine}, "
-            f"{len(refs)} images in {len(plan)} shards, "
-            f"{tally.skipped_shards} done before; run config {to_dict(job.run)}"
-        )
-        bar = progress_bar(
-            total=sum(u.stop - u.start for u in units), unit="img", desc="extract",
-            disable=not show_progress,
-        )
-        progress = ExtractProgress(bar, len(units))
-        sink = ShardSink(out_dir, job, detector, tally, log, progress)
-        try:
-            if job.run.engine == "local":
-                LocalEngine(job, extractor, given_boxes).run(units, sink)
-            else:
-                from pipeline.extract.ray_engine import RayEngine
+    with _existing_objects_frozen():
+        plan = plan_shards(len(refs), job.output.shard_size)
+        # The detector first: weights that do not fit stop the run before --out is created.
+        if job.run.engine == "local":
+            extractor, detector = build_extractor(job, weights)
+        else:
+            detector = detector_record(job, weights)
+        out_dir = as_path(out_dir)
+        make_dirs(out_dir)
+        tally = Tally()
+        with OutputLock(out_dir):
+            save_job_config(out_dir, record | {"detector": detector, "config": job.sample_config()})
+            done = completed_shards(out_dir)
+            todo = [shard for shard in plan if shard.name not in done]
+            units = plan_units(refs, todo, job.run.batch_size)
+            tally.skipped_shards = len(plan) - len(todo)
+            tally.skipped_images = sum(shard.size for shard in plan if shard.name in done)
+            log = ExtractLog(out_dir)
+            log.write(
+                f"=== run: {record['dataset']} at {record['root']}, engine {job.run.engine}, "
+                f"{len(refs)} images in {len(plan)} shards, "
+                f"{tally.skipped_shards} done before; run config {to_dict(job.run)}"
+            )
+            bar = progress_bar(
+                total=sum(u.stop - u.start for u in units), unit="img", desc="extract",
+                disable=not show_progress,
+            )
+            progress = ExtractProgress(bar, len(units))
+            sink = ShardSink(out_dir, job, detector, tally, log, progress)
+            try:
+                if job.run.engine == "local":
+                    LocalEngine(job, extractor, given_boxes).run(units, sink)
+                else:
+                    from pipeline.extract.ray_engine import RayEngine
 
-                RayEngine(job, weights, detector, given_boxes, address).run(units, sink)
-            write_manifest(out_dir)
-            tally.wall_seconds = time.perf_counter() - start
-            tally.folder = folder_totals(out_dir)
-            log.write(format_summary(tally, out_dir))
-        except BaseException as err:
-            sink.abort()
-            log.write(f"=== stopped by {type(err).__name__}: {err}")
-            raise
-        finally:
-            progress.close()
-            log.close()
-    return tally
+                    RayEngine(job, weights, detector, given_boxes, address).run(units, sink)
+                write_manifest(out_dir)
+                tally.wall_seconds = time.perf_counter() - start
+                tally.folder = folder_totals(out_dir)
+                log.write(format_summary(tally, out_dir))
+            except BaseException as err:
+                sink.abort()
+                log.write(f"=== stopped by {type(err).__name__}: {err}")
+                raise
+            finally:
+                progress.close()
+                log.close()
+        return tally

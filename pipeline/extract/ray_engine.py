@@ -232,8 +232,8 @@ class RayEngine:
         )
 
     def _unit_payload(self, unit: Unit) -> bytes:
-        boxes = None
+        refs, boxes = unit.refs, None
         if self.given_boxes is not None:
-            boxes = {r.image_id: self.given_boxes[r.image_id] for r in unit.refs
+            boxes = {r.image_id: self.given_boxes[r.image_id] for r in refs
                      if r.image_id in self.given_boxes}
-        return pickle.dumps((unit.refs, boxes), pickle.HIGHEST_PROTOCOL)
+        return pickle.dumps((refs, boxes), pickle.HIGHEST_PROTOCOL)
