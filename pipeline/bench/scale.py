@@ -378,6 +378,16 @@ def _plot(results: dict, path: str, before: dict | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    before = None
+    if args.before:  # checked first: the runs take minutes
+        if not args.plot:
+            raise SystemExit("bench scale: --before draws an earlier run beside this one: give "
+                             "--plot PNG too")
+        try:
+            before = json.loads(Path(args.before).read_text())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"bench scale: --before {args.before}: not a --json file of an "
+                             f"earlier run ({err})") from None
     sizes = args.sizes
     work = Path(args.work)
     roots = {urls: make_root(work / f"cc3m_{urls}", urls) for urls in sizes}
@@ -403,7 +413,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
-        before = json.loads(Path(args.before).read_text()) if args.before else None
         _plot(results, args.plot, before)
     return 0
 
