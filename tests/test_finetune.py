@@ -14,6 +14,7 @@ from test_pretrain_loop import crash_after, tiny_config, train_losses
 
 from model.lxmert import LxmertConfig, LxmertForPreTraining
 from pipeline.cli import main
+from pipeline.common.config import ConfigError
 from pipeline.finetune.answers import AnswerVocab, lxmert_head_rows
 from pipeline.finetune.config import load_config
 from pipeline.finetune.job import build_task_model
@@ -166,6 +167,17 @@ def test_finetune_starts_from_an_official_lxmert_file_and_its_qa_head(pretrain_w
                     f"init_answers={pretrain_world.corpus}") == 0
     saved = (run / "config.yaml").read_text()
     assert "init: ''" in saved and "hidden_size: 64" in saved  # the run records the encoder
+
+
+def test_an_init_whose_vocabulary_is_not_the_tokenizers_is_refused_with_the_fix(pretrain_world,
+                                                                                tmp_path):
+    pth = tmp_path / "model_LXRT.pth"
+    _official_lxmert(pretrain_world, pth)  # BERT's 30,522 wordpieces
+    config = load_config("vqa", None, vqa_sets(pretrain_world) + [f"init={pth}"])
+    with pytest.raises(ConfigError, match=r"vocab_size 30522.*tokenizer has 127 wordpieces.*"
+                                          r"--set data.tokenizer=DIR"):
+        build_task_model(config, vocab=AnswerVocab(("yes", "no")), vocab_size=127,
+                         feature_dim=64)
 
 
 def test_a_killed_finetune_resumes_with_the_same_losses(pretrain_world, tmp_path, monkeypatch):

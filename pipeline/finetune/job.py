@@ -94,7 +94,8 @@ def _encoder(config: FinetuneConfig, *, vocab_size: int, feature_dim: int, rank:
         raise ConfigError(
             f"{config.init}: visual_feat_dim {model_config.visual_feat_dim} and vocab_size "
             f"{model_config.vocab_size}, but the shards hold {feature_dim}-d features and the "
-            f"tokenizer has {vocab_size} wordpieces"
+            f"tokenizer has {vocab_size} wordpieces (a model pretrained with a corpus's own "
+            "vocabulary needs it here too: --set data.tokenizer=DIR)"
         )
     if checkpoint.report.model == "LxmertForPreTraining":
         full = LxmertForPreTraining(model_config)
