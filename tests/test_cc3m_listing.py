@@ -6,17 +6,20 @@ every tenth url failed); requests counted by moto's S3 server as it serves them.
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import logging
 import tarfile
 import threading
 
+import numpy as np
 import pytest
 
 from pipeline.bench.scale import S3Server, exponents, make_root, url_counts
-from pipeline.datasets import list_images
+from pipeline.datasets import DatasetError, list_images
 from pipeline.datasets import tar_index as tar_index_module
-from pipeline.datasets.cc3m import _scanned_refs
+from pipeline.datasets.cc3m import _scanned_images
+from pipeline.datasets.image_array import ArchiveImages, ImageArray
 from pipeline.datasets.tar_index import member_range
 
 
@@ -29,8 +32,8 @@ def small(tmp_path_factory):
 def test_parquet_listing_reads_what_the_tar_holds(small):
     refs = list_images("cc3m", str(small))
     assert len(refs) == 90 and all(ref.offset == -1 for ref in refs)
-    scanned = {ref.image_id: ref for tar in sorted(small.glob("*.tar"))
-               for ref in _scanned_refs(tar)}
+    scanned = {ref.image_id: ref for ref in
+               ImageArray("cc3m", [_scanned_images(tar) for tar in small.glob("*.tar")])}
     assert {ref.image_id for ref in refs} == set(scanned)
     for ref in refs:
         assert ref.member == scanned[ref.image_id].member
@@ -116,3 +119,42 @@ def test_sizes_are_url_counts():
     for bad in ("abc", "0", "10,", ""):
         with pytest.raises(argparse.ArgumentTypeError, match=f"got {bad!r}"):
             url_counts(bad)
+
+
+def test_the_listing_and_the_plan_hold_no_object_per_image(tmp_path):
+    from pipeline.datasets.base import ImageRef
+    from pipeline.extract.plan import plan_shards, plan_units
+
+    root = make_root(tmp_path / "root", 2000, per_tar=1000)
+    gc.collect()
+    before = sum(isinstance(o, ImageRef) for o in gc.get_objects())
+    images = list_images("cc3m", str(root))
+    units = plan_units(images, plan_shards(len(images), 100), 8)
+    gc.collect()
+    assert sum(isinstance(o, ImageRef) for o in gc.get_objects()) == before
+    assert isinstance(images, ImageArray) and len(images) == 1800
+    assert images.nbytes <= 40 * len(images)  # id, suffix, offset, length, archive
+    scanned = sorted(key.decode() for tar in root.glob("*.tar") for key in _scanned_images(tar).keys)
+    assert [r.image_id for r in units[1].refs] == scanned[8:16]
+
+
+def test_images_of_several_archives_are_sorted_by_id_and_a_repeated_id_is_named(tmp_path):
+    def archive(name, keys, offset):
+        return ArchiveImages(tmp_path / name, np.array(keys, np.bytes_),
+                             np.array([b".jpg"] * len(keys), np.bytes_),
+                             np.arange(len(keys), dtype=np.int64) + offset,
+                             np.full(len(keys), 7, np.int64))
+
+    images = ImageArray("cc3m", [archive("b.tar", [b"000000003", b"000000001"], 100),
+                                 archive("a.tar", [b"000000002"], 200)])
+    assert [(r.image_id, r.path.name, r.member, r.offset, r.length) for r in images] == [
+        ("000000001", "b.tar", "000000001.jpg", 101, 7), ("000000002", "a.tar", "000000002.jpg",
+                                                         200, 7),
+        ("000000003", "b.tar", "000000003.jpg", 100, 7)]
+    assert images[-1] == images[2] and images[1:] == [images[1], images[2]]
+    with pytest.raises(IndexError):
+        images[3]
+    with pytest.raises(DatasetError, match=f"key 000000002 is both {tmp_path / 'a.tar'}:"
+                                           f"000000002.jpg and {tmp_path / 'c.tar'}"):
+        ImageArray("cc3m", [archive("a.tar", [b"000000002"], 0),
+                            archive("c.tar", [b"000000002"], 0)])

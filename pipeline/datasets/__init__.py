@@ -6,11 +6,14 @@ it expects under `--root`, its id rule and its split.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pipeline.datasets.base import DatasetError, ImageRef
 from pipeline.datasets.cc3m import list_cc3m
 from pipeline.datasets.coco import list_coco
 from pipeline.datasets.flickr30k import list_flickr30k
 from pipeline.datasets.folder import list_folder
+from pipeline.datasets.image_array import ImageArray
 from pipeline.datasets.image_list import list_from_file
 from pipeline.datasets.nlvr2 import list_nlvr2, nlvr2_image_ids
 from pipeline.datasets.vcr import list_vcr, vcr_given_boxes
@@ -31,8 +34,10 @@ __all__ = ["READERS", "DatasetError", "ImageRef", "list_images", "nlvr2_image_id
            "vcr_given_boxes"]
 
 
-def list_images(dataset: str, root: str) -> list[ImageRef]:
-    """The images of `dataset` under `root`, sorted by id (the order shards are planned in)."""
+def list_images(dataset: str, root: str) -> Sequence[ImageRef]:
+    """The images of `dataset` under `root`, sorted by id (the order shards are planned in): a
+    list, or for images in archives an ImageArray (sorted as it is made)."""
     if dataset not in READERS:
         raise DatasetError(f"unknown dataset {dataset!r}; choose one of {sorted(READERS)}")
-    return sorted(READERS[dataset](root), key=lambda ref: ref.image_id)
+    images = READERS[dataset](root)
+    return images if isinstance(images, ImageArray) else sorted(images, key=lambda r: r.image_id)

@@ -39,11 +39,15 @@ import json
 import logging
 import re
 import tarfile
+from collections.abc import Sequence
 from pathlib import PurePosixPath
+
+import numpy as np
 
 from pipeline.datasets.base import (
     IMAGE_SUFFIXES, DatasetError, ImageRef, describe_contents, examples,
 )
+from pipeline.datasets.image_array import ArchiveImages, ImageArray
 from pipeline.datasets.tar_index import head_members, tar_members
 from shards.storage import Location, as_path, relative_posix, sort_paths
 
@@ -57,7 +61,7 @@ EXPECTED = (
 log = logging.getLogger(__name__)
 
 
-def list_cc3m(root: str) -> list[ImageRef]:
+def list_cc3m(root: str) -> Sequence[ImageRef]:
     """The downloaded CC3M images under `root`; see the module docstring for both layouts."""
     root = as_path(root)
     if not root.is_dir():
@@ -71,10 +75,10 @@ def list_cc3m(root: str) -> list[ImageRef]:
     return _list_tsv(root, tsvs[0], root / "images")
 
 
-def _list_shards(root: Location, tars: list[Location]) -> list[ImageRef]:
-    """Layout (a): one ref per image of the img2dataset shards."""
+def _list_shards(root: Location, tars: list[Location]) -> ImageArray:
+    """Layout (a): the images of the img2dataset shards as compact arrays."""
     names = {path.name for path in root.iterdir()}  # one listing, not a request per file
-    refs: dict[str, ImageRef] = {}
+    archives: list[ArchiveImages] = []
     unfinished, failed, urls = [], 0, 0
     for tar_path in tars:
         stats_path = root / f"{tar_path.stem}_stats.json"
@@ -83,17 +87,12 @@ def _list_shards(root: Location, tars: list[Location]) -> list[ImageRef]:
             count, successes = _read_stats(stats_path)
             urls += count
             failed += count - successes
-            listed = (_parquet_refs(parquet, tar_path) if parquet.name in names
-                      else _scanned_refs(tar_path))
+            archives.append(_parquet_images(parquet, tar_path) if parquet.name in names
+                            else _scanned_images(tar_path))
         else:
             unfinished.append(tar_path.name)
-            listed = _scanned_refs(tar_path)
-        for ref in listed:
-            if ref.image_id in refs:
-                raise DatasetError(f"cc3m root {root}: key {ref.image_id} is both "
-                                   f"{refs[ref.image_id].location} and {ref.location}")
-            refs[ref.image_id] = ref
-    if not refs:
+            archives.append(_scanned_images(tar_path))
+    if not sum(len(archive.keys) for archive in archives):
         raise DatasetError(f"cc3m root {root}: the {len(tars)} tar(s) hold no images")
     if failed:
         log.warning("cc3m root %s: %d of %d urls failed to download (per *_stats.json); "
@@ -102,7 +101,7 @@ def _list_shards(root: Location, tars: list[Location]) -> list[ImageRef]:
         log.warning("cc3m root %s: %d tar(s) have no _stats.json, so img2dataset may not have "
                     "finished them (%s); their images are listed", root, len(unfinished),
                     examples(unfinished))
-    return list(refs.values())
+    return ImageArray("cc3m", archives)
 
 
 def _read_stats(stats_path: Location) -> tuple[int, int]:
@@ -114,19 +113,25 @@ def _read_stats(stats_path: Location) -> tuple[int, int]:
         raise DatasetError(f"{stats_path}: not an img2dataset stats file ({err!r})") from err
 
 
-def _scanned_refs(tar_path: Location) -> list[ImageRef]:
-    """A ref per image member of the tar, with its offset and length: every header read."""
+def _scanned_images(tar_path: Location) -> ArchiveImages:
+    """The tar's image members with their offsets and lengths: every header read."""
     try:
-        return [ImageRef(dataset="cc3m", image_id=key, path=tar_path, member=member.name,
-                         offset=member.offset_data, length=member.size)
-                for key, _, member, _ in tar_members(tar_path)
-                if PurePosixPath(member.name).suffix.lower() in IMAGE_SUFFIXES]
+        members = [(key, member) for key, _, member, _ in tar_members(tar_path)
+                   if PurePosixPath(member.name).suffix.lower() in IMAGE_SUFFIXES]
     except tarfile.TarError as err:
         raise DatasetError(f"{tar_path}: not a readable tar ({err})") from err
+    return ArchiveImages(
+        tar_path,
+        keys=np.array([key.encode() for key, _ in members], np.bytes_),
+        suffixes=np.array([member.name[len(key):].encode() for key, member in members],
+                          np.bytes_),
+        offsets=np.array([member.offset_data for _, member in members], np.int64),
+        lengths=np.array([member.size for _, member in members], np.int64))
 
 
-def _parquet_refs(parquet: Location, tar_path: Location) -> list[ImageRef]:
-    """A ref per downloaded key of the shard's parquet file, offsets left to the reader."""
+def _parquet_images(parquet: Location, tar_path: Location) -> ArchiveImages:
+    """The downloaded keys of the shard's parquet file, offsets left to the reader."""
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
@@ -135,16 +140,14 @@ def _parquet_refs(parquet: Location, tar_path: Location) -> list[ImageRef]:
     except (OSError, ValueError, KeyError) as err:  # pyarrow's errors derive from these
         raise DatasetError(f"{parquet}: not an img2dataset parquet file with key and status "
                            f"columns ({err})") from err
-    keys = [key for key, status in zip(table.column("key").to_pylist(),
-                                       table.column("status").to_pylist())
-            if status == "success"]
-    if not keys:
-        return []
-    suffix = _image_suffix(tar_path)
+    keys = table.column("key").filter(pc.equal(table.column("status"), "success"))
+    keys = np.array(keys.to_pylist(), np.bytes_) if len(keys) else np.zeros(0, np.bytes_)
+    suffix = _image_suffix(tar_path) if len(keys) else ""
     if suffix is None:  # no image among the first headers: read them all
-        return _scanned_refs(tar_path)
-    return [ImageRef(dataset="cc3m", image_id=key, path=tar_path, member=key + suffix, offset=-1)
-            for key in keys]
+        return _scanned_images(tar_path)
+    unknown = np.full(len(keys), -1, np.int64)
+    return ArchiveImages(tar_path, keys, np.full(len(keys), suffix.encode()),
+                         unknown, unknown)
 
 
 HEAD_BYTES = 64 * 1024

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +72,7 @@ def _existing_objects_frozen():
 
 def extract_refs(
     job: ExtractJobConfig,
-    refs: list[ImageRef],
+    refs: Sequence[ImageRef],
     record: dict,
     out_dir: str | Path,
     weights: str | None = None,
