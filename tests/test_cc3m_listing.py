@@ -134,7 +134,7 @@ def test_the_listing_and_the_plan_hold_no_object_per_image(tmp_path):
     assert sum(isinstance(o, ImageRef) for o in gc.get_objects()) == before
     assert isinstance(images, ImageArray) and len(images) == 1800
     assert images.nbytes <= 40 * len(images)  # id, suffix, offset, length, archive
-    scanned = sorted(key.decode() for tar in root.glob("*.tar") for key in _scanned_images(tar).keys)
+    scanned = sorted(k.decode() for tar in root.glob("*.tar") for k in _scanned_images(tar).keys)
     assert [r.image_id for r in units[1].refs] == scanned[8:16]
 
 
