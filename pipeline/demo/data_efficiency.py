@@ -2,14 +2,22 @@
 (Tan & Bansal 2019, and the field's since) is that pretraining matters most when the task has
 little data; here it is measured on the main demo's world.
 
-The main demo's steps 1-4 and its pretraining (the same recipe; run into the main demo's --out,
-`pipeline demo --out demo_out` first, every finished step is reused, the 100% runs too), then VQA
-fine-tuned on 5, 10, 25 and 100% of the training questions (`data.train_fraction`: nested fixed
-subsets, the same questions for both models), from the pretrained LXMERT and from scratch, each
-scored with the official metric on the same held-out minival questions. A smaller share trains
-more epochs (the main demo's vqa_epochs / share, at most max_epochs), so that no run stops
-before it has learned what its data can teach. Writes data_efficiency.json and
-data_efficiency.png (beside the main demo's results.json when run into its --out).
+The main demo's steps 1-4 (run into the main demo's --out, `pipeline demo --out demo_out` first,
+every finished step is reused), a pretraining, then VQA fine-tuned on 5, 10, 25 and 100% of the
+training questions (`data.train_fraction`: nested fixed subsets, the same questions for both
+models), from the pretrained LXMERT and from scratch, each scored with the official metric on the
+same held-out minival questions. A smaller share trains more epochs (the main demo's vqa_epochs /
+share, at most max_epochs), so that no run stops before it has learned what its data can teach.
+
+Which pretraining (`pretraining`):
+- "looking" (the default): the pretraining that makes the masked LM read the image
+  (docs/results.md, "The diagnosis"): the main demo's five tasks, the masked LM on captions and
+  region descriptions only with their colour, shape and material words masked at 50%, matching
+  on captions, the corpus's own vocabulary (`pipeline corpus vocab`, both starts read it),
+  looking_epochs epochs; its runs are under runs/looking/.
+- "main": the main demo's pretraining and its 100% runs, reused.
+Writes data_efficiency.json and data_efficiency.png (beside the main demo's results.json when
+run into its --out).
 """
 
 from __future__ import annotations
@@ -21,22 +29,33 @@ from pathlib import Path
 
 from pipeline.common.config import ConfigError
 from pipeline.demo.main_inputs import prepare_demo, score
-from pipeline.demo.recipe import DemoConfig, finetune_config
+from pipeline.demo.recipe import DemoConfig, finetune_config, pretrain_config
 from pipeline.demo.trainings import Steps, Trainings
 
 CURVE_VARIANTS = ("pretrained", "scratch")
+PRETRAININGS = ("looking", "main")
+# The pretraining whose masked LM reads the image (docs/results.md, "The diagnosis").
+LOOKING = ["objective.mlm_sources=[mscoco,vg]", "objective.match_sources=[mscoco]",
+           "objective.visual_word_mask_prob=0.5"]
 
 
 @dataclass(frozen=True)
 class DataEfficiencyConfig(DemoConfig):
     """The main demo's settings (world, pretraining, VQA fine-tuning), and: fractions: the shares
     of VQA's training questions fine-tuned on. max_epochs: the most epochs of a small share's run
-    (it trains vqa_epochs / share)."""
+    (it trains vqa_epochs / share). pretraining: "looking" (its own pretraining that reads the
+    image, on the corpus's own vocabulary) or "main" (the main demo's; module docstring).
+    looking_epochs: the looking pretraining's passes over the corpus."""
 
     fractions: tuple[float, ...] = (0.05, 0.1, 0.25, 1.0)
     max_epochs: int = 64
+    pretraining: str = "looking"
+    looking_epochs: int = 12
 
     def __post_init__(self) -> None:
+        if self.pretraining not in PRETRAININGS:
+            raise ConfigError(f"pretraining = {self.pretraining!r}: choose one of "
+                              f"{', '.join(PRETRAININGS)}")
         object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
         if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
             raise ConfigError(f"fractions = {list(self.fractions)}: each must be in (0, 1]")
@@ -85,27 +104,48 @@ def draw_curve(results: dict, path: Path) -> Path:
     return path
 
 
+def own_vocabulary(corpus: Path, out: Path) -> Path:
+    """`pipeline corpus vocab CORPUS --out OUT` (made once)."""
+    from pipeline.corpus.vocab import corpus_vocabulary, write_tokenizer
+
+    if not (out / "vocab.txt").is_file():
+        vocabulary = corpus_vocabulary(corpus)
+        write_tokenizer(vocabulary, out)
+        print(f"{len(vocabulary.words)} words -> {out}")
+    return out
+
+
 def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path) -> dict:
     """The experiment (module docstring) under `out`; returns {share: {variant: accuracy}}."""
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
-    step = Steps(7)
+    step = Steps(8 if cfg.pretraining == "looking" else 7)
     prepared = prepare_demo(cfg, out, step)
-    runs = {(v, f): out / "runs" / run_name(v, f) for f in cfg.fractions for v in CURVE_VARIANTS}
+    pretraining, pretrain_run, runs_dir, tokenizer = (
+        prepared.pretraining, prepared.pretrain_run, out / "runs", "")
+    if cfg.pretraining == "looking":
+        step("the corpus's own vocabulary")
+        tokenizer = str(own_vocabulary(prepared.corpus, out / "vocabulary"))
+        runs_dir = out / "runs" / "looking"
+        pretrain_run = runs_dir / "pretrain"
+        pretraining = pretrain_config(cfg, prepared.corpus, prepared.coco, [
+            *LOOKING, f"data.tokenizer={tokenizer}", f"run.epochs={cfg.looking_epochs}"])
+    runs = {(v, f): runs_dir / run_name(v, f) for f in cfg.fractions for v in CURVE_VARIANTS}
 
     def finetune(variant: str, fraction: float) -> None:
-        config = finetune_config("vqa", cfg, variant, prepared.pretraining, prepared.pretrain_run,
+        config = finetune_config("vqa", cfg, variant, pretraining, pretrain_run,
                                  prepared.world, prepared.corpus, prepared.coco)
         config = dataclasses.replace(
-            config, data=dataclasses.replace(config.data, train_fraction=fraction),
+            config,
+            data=dataclasses.replace(config.data, train_fraction=fraction, tokenizer=tokenizer),
             run=dataclasses.replace(config.run, epochs=epochs_for(cfg, fraction)))
         trainings.submit(f"vqa {variant} {fraction * 100:g}%", finetune_job, config,
                          runs[variant, fraction])
 
     with Trainings(cfg.parallel) as trainings:
         step("pretrain a small LXMERT; meanwhile fine-tune VQA from scratch on each share")
-        trainings.submit("pretrain", pretrain_job, prepared.pretraining, prepared.pretrain_run)
+        trainings.submit("pretrain", pretrain_job, pretraining, pretrain_run)
         for fraction in cfg.fractions:
             finetune("scratch", fraction)
         trainings.wait("pretrain")

@@ -41,8 +41,8 @@ DESCRIPTION = (
     "zero-shot, against their baselines), `pipeline demo end-to-end` (VL-BERT's detector "
     "trained with the transformer or frozen, on questions about material) and `pipeline demo "
     "grounding` (which attention heads of a pretrained VisualBERT ground the captions' entities "
-    "in the image); `pipeline demo data-efficiency` (VQA on 5-100% of its questions, pretrained "
-    "against scratch)."
+    "in the image); `pipeline demo data-efficiency` (VQA on 5-100% of its questions, from a "
+    "pretraining that reads the image against scratch)."
 )
 def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> list[Path]:
     """boxes.png and attention.png of the first held-out VQA colour question."""
@@ -82,7 +82,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "heads of a pretrained VisualBERT ground entities, against an untrained one "
         "(pipeline/demo/grounding.py); data-efficiency: VQA on 5-100%% of its questions, "
         "pretrained against scratch (pipeline/demo/data_efficiency.py; --out demo_out reuses the "
-        "main demo's runs)",
+        "main demo's world, shards and corpus; --set pretraining=main its pretraining too)",
     )
     parser.add_argument("--out", help="output directory (default: demo_out, or demo_ and the "
                         "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding, "

@@ -4,6 +4,7 @@ configs of its LXMERT pretraining and fine-tuning runs, which `pipeline demo gro
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,14 +67,16 @@ class DemoConfig:
     parallel: int = 2
 
 
-def pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path):
+def pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path, changes: Sequence[str] = ()):
+    """The demo's LXMERT pretraining on `corpus` and `coco`'s shards, with `changes` (`--set`
+    values) applied last."""
     from pipeline.pretrain.config import load_config
 
     return load_config(PRETRAIN_CONFIG, [
         f"data.corpus={corpus}", f"data.shards=[{coco}]", "data.train_splits=[train,nominival]",
         f"model.cross_layers={cfg.cross_layers}",
         "run.workers=0", f"run.epochs={cfg.pretrain_epochs}", "run.log_every=10",
-        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200",
+        f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=200", *changes,
     ])
 
 
