@@ -62,8 +62,8 @@ def test_an_unknown_pretraining_is_refused(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_the_full_curve(tmp_path):
-    """What it measured (docs/demo.md, the pretraining that reads the image): pretrained - scratch
-    MEASURED. Asserted: both curves rise, and pretraining is worth >= 3 points at 10% of the
+    """What it measured (docs/demo.md, the pretraining that reads the image): pretrained / scratch
+    63.81 / 56.15 at 5%, 70.88 / 65.88 at 10%, 79.57 / 77.23 at 25%, 86.19 / 86.98 at 100%. Asserted: both curves rise, and pretraining is worth >= 3 points at 10% of the
     questions (the main demo's pretraining, which does not read the image, gave -0.02)."""
     results = run_data_efficiency(DataEfficiencyConfig(), tmp_path / "demo")
     assert list(results) == ["5%", "10%", "25%", "100%"]

@@ -52,7 +52,9 @@ class GroundingConfig:
     scored. hidden_size / num_layers / num_heads: the VisualBERT's width, layers and attention
     heads (its feed-forward width is 2 x hidden_size). visualbert_epochs: the VisualBERT's
     pretraining passes over the COCO captions. visualbert_lr: the VisualBERT's peak
-    pretraining learning rate.
+    pretraining learning rate. visual_word_mask_prob: how often its masked LM masks a caption's
+    colour, shape and material words (the paper's 15% for any word: 0.15; at 0.5 it learns to
+    read them off the image: docs/results.md, "The diagnosis").
     split: the Flickr30K Entities split analysed (the paper's: val).
     threads: torch threads per training run. parallel: training runs at once, each in its own
     process (1: one after another, in this process)."""
@@ -72,6 +74,7 @@ class GroundingConfig:
     num_heads: int = 4
     visualbert_epochs: int = 40
     visualbert_lr: float = 1e-3
+    visual_word_mask_prob: float = 0.5
     split: str = "val"
     threads: int = 1
     parallel: int = 2
@@ -87,6 +90,7 @@ def _pretrain_config(cfg: GroundingConfig, corpus: Path, coco: Path):
         "run.workers=0", f"run.epochs={cfg.visualbert_epochs}", "run.log_every=10",
         f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=500",
         f"optim.lr={cfg.visualbert_lr}",
+        f"objective.visual_word_mask_prob={cfg.visual_word_mask_prob}",
     ])
 
 
