@@ -17,7 +17,7 @@ import pytest
 from test_shards_schema import random_sample
 
 from pipeline.cli import main
-from pipeline.corpus.pairs import Pair
+from pipeline.corpus.pair_table import PairTableBuilder
 from pipeline.finetune.data import Features
 from pipeline.pretrain.data import PretrainStream
 from shards.reader import iter_samples
@@ -122,7 +122,10 @@ def read_store(directory: Path) -> None:
 
 
 def read_pretrain(directory: Path) -> None:
-    pairs = {key: [Pair(key, "a caption", "mscoco", None, ("a caption",))] for key in KEYS}
+    table = PairTableBuilder(None)
+    for key in KEYS:
+        table.add(key, [("mscoco", "a caption", None)])
+    pairs = table.table()
     stream = PretrainStream(sorted(directory.glob("*.tar")), pairs, batch_size=2,
                             shuffle_buffer=1)
     for _ in stream.batches(0):

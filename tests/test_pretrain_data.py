@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from pipeline.corpus.config import CorpusError
+from pipeline.corpus.pair_table import PairTableBuilder
+from pipeline.corpus.pairs import Pair
 from pipeline.corpus.read import load_answers, load_pairs
 from pipeline.pretrain.data import JoinError, PretrainStream, TextStream, ValidationStream
 from shards.schema import Sample, SchemaError, build_sample, make_key
@@ -103,9 +105,15 @@ def stream(data, **kwargs) -> PretrainStream:
     return PretrainStream(list(shard_keys), pairs, corpus_dir=corpus, **options)
 
 
-def row_ids(batches) -> list[list[tuple[int, str]]]:
-    """Each row as (the Pair's identity, its sample's key): pairs hold dicts, so no hash."""
-    return [[(id(pair), sample.key) for pair, sample in batch] for batch in batches]
+def ident(pair) -> tuple[str, str, str]:
+    """A pair's identity: its image, source and sentence (each unique in the test corpus; pairs
+    are made at each lookup of the corpus table, and hold dicts, so no hash)."""
+    return pair.image, pair.source, pair.sentence
+
+
+def row_ids(batches) -> list[list[tuple[tuple[str, str, str], str]]]:
+    """Each row as (the Pair's identity, its sample's key)."""
+    return [[(ident(pair), sample.key) for pair, sample in batch] for batch in batches]
 
 
 # --- corpus ---------------------------------------------------------------------------------
@@ -140,6 +148,18 @@ def test_load_pairs_source_filter_keeps_all_captions_in_image_sentences(tmp_path
         load_pairs(corpus, ["train"], sources=["vqa2"])
 
 
+def test_load_pairs_holds_no_object_per_pair_and_counts_without_making_them(tmp_path):
+    corpus = write_corpus(tmp_path)
+    gc.collect()
+    before = sum(isinstance(o, Pair) for o in gc.get_objects())
+    pairs = load_pairs(corpus, ["train", "minival"])
+    gc.collect()
+    assert sum(isinstance(o, Pair) for o in gc.get_objects()) == before
+    assert {k: pairs.count(k) for k in pairs} == {k: len(v) for k, v in pairs.items()}
+    assert pairs.count("coco-999") == 0 and "coco-999" not in pairs
+    assert pairs.nbytes < 200 * sum(map(pairs.count, pairs))  # text and a few numbers a pair
+
+
 def test_load_pairs_errors_name_the_file_and_line(tmp_path):
     corpus = write_corpus(tmp_path)
     missing = r"nominival\.jsonl: no such split file.*'minival', 'train'"
@@ -168,7 +188,8 @@ def test_load_pairs_errors_name_the_file_and_line(tmp_path):
 def test_each_pair_at_most_once_per_epoch_equal_steps_exact_batches(data):
     corpus, shard_keys, pairs = data
     streams = [stream(data, rank=r, world_size=2) for r in range(2)]
-    all_pairs = {id(p): p for ps in pairs.values() for p in ps}
+    all_pairs = {ident(p): p for ps in pairs.values() for p in ps}
+    assert len(all_pairs) == sum(map(len, pairs.values()))  # identities are unique
     for epoch in range(3):
         shards = [set(s.shards_in_epoch(epoch)) for s in streams]
         assert not shards[0] & shards[1] and shards[0] | shards[1] == set(shard_keys)
@@ -182,8 +203,8 @@ def test_each_pair_at_most_once_per_epoch_equal_steps_exact_batches(data):
             assert len(batches) == steps and all(len(b) == 2 for b in batches)
             rank_keys = {k for p in shards[rank] for k in shard_keys[p]}
             for pair, sample in (row for b in batches for row in b):
-                assert all_pairs[id(pair)] is pair and sample.key == pair.image in rank_keys
-                seen.append(id(pair))
+                assert all_pairs[ident(pair)] == pair and sample.key == pair.image in rank_keys
+                seen.append(ident(pair))
         assert len(seen) == len(set(seen)) == 2 * steps * 2
     assert streams[0].total_steps(3) == sum(streams[0].steps_in_epoch(e) for e in range(3))
 
@@ -263,7 +284,10 @@ def test_buffer_bounds_the_samples_alive(data):
 
 def test_nothing_joins_names_both_sides(data, tmp_path):
     corpus, shard_keys, pairs = data
-    renamed = {"vg-" + k.split("-", 1)[1]: v for k, v in pairs.items()}
+    table = PairTableBuilder(None)
+    for key, kept in pairs.items():
+        table.add("vg-" + key.split("-", 1)[1], [(p.source, p.sentence, p.answers) for p in kept])
+    renamed = table.table()
     with pytest.raises(JoinError) as e:
         PretrainStream(list(shard_keys), renamed, batch_size=2, corpus_dir=corpus)
     message = str(e.value)
@@ -308,7 +332,7 @@ def test_validation_fixed_order_split_over_ranks(tmp_path):
     for first in range(0, len(keys), 4):
         window = keys[first:first + 4]
         for depth in range(max(len(pairs[k]) for k in window)):
-            expected += [(id(pairs[k][depth]), k) for k in window if depth < len(pairs[k])]
+            expected += [(ident(pairs[k][depth]), k) for k in window if depth < len(pairs[k])]
     got = []
     for rank in range(2):
         v = ValidationStream(list(shard_keys), pairs, batch_size=4, rank=rank, world_size=2)

@@ -75,6 +75,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="also extract roots of these url counts with the local engine and a "
                         "tiny random detector (TINY_DETECTOR), whole, then again killed at half "
                         "its shards and resumed (e.g. 1000,10000,100000)")
+    parser.add_argument("--corpus-pairs", metavar="SIZES", type=url_counts,
+                        help="also read LXMERT-shaped corpora of these pair counts (51 an image; "
+                        "LXMERT's is 9180000) as pretraining does (pipeline/bench/scale_corpus.py)")
     parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     parser.add_argument("--plot", metavar="PNG", help="draw each cost against the size")
     parser.add_argument("--before", metavar="JSON", help="with --plot: an earlier run's --json, "
@@ -410,6 +413,14 @@ def run(args: argparse.Namespace) -> int:
                 for urls in args.extract_sizes]
         results["extract"] = {"rows": rows, "exponents": _extract_exponents(rows)}
         print(_extract_table(rows, results["extract"]["exponents"]))
+    if args.corpus_pairs:
+        from pipeline.bench.scale_corpus import CORPUS_COSTS, corpus_table, make_corpus
+
+        rows = [_child("corpus", str(make_corpus(work / f"corpus_{pairs}", pairs)))
+                for pairs in args.corpus_pairs]
+        fitted = exponents([{**r, "urls": r["pairs"]} for r in rows], CORPUS_COSTS)
+        results["corpus"] = {"rows": rows, "exponents": fitted}
+        print(corpus_table(rows, fitted))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
@@ -422,5 +433,9 @@ if __name__ == "__main__":
         print(json.dumps(measure_extract(sys.argv[2], sys.argv[3])))
     elif sys.argv[1] == "shards":
         print(json.dumps(measure_shards(sys.argv[2], sys.argv[3])))
+    elif sys.argv[1] == "corpus":
+        from pipeline.bench.scale_corpus import measure_corpus
+
+        print(json.dumps(measure_corpus(sys.argv[2])))
     else:
         print(json.dumps(measure(sys.argv[1])))

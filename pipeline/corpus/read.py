@@ -18,8 +18,8 @@ import os
 from collections.abc import Iterator, Sequence
 
 from pipeline.corpus.answers import AnswerTable
-from pipeline.corpus.config import CAPTION_SOURCES, SOURCES, SPLITS, CorpusError
-from pipeline.corpus.pairs import Pair
+from pipeline.corpus.config import SOURCES, SPLITS, CorpusError
+from pipeline.corpus.pair_table import PairTable, PairTableBuilder
 from shards.storage import Location, as_path
 
 ANSWERS_FILE = "answers.json"
@@ -97,8 +97,9 @@ def load_pairs(
     corpus_dir: str | os.PathLike,
     splits: Sequence[str],
     sources: Sequence[str] | None = None,
-) -> dict[str, list[Pair]]:
-    """Image key -> its pretraining pairs, from `{split}.jsonl` of each split.
+) -> PairTable:
+    """Image key -> its pretraining pairs, from `{split}.jsonl` of each split (a PairTable: a
+    mapping of the image keys to lists of Pair, held as flat arrays).
 
     Images in order of first appearance (the files are sorted by key), each image's pairs in split
     order, then in the line's source order, then sentence order. `sources` keeps only those
@@ -106,7 +107,7 @@ def load_pairs(
     their index in answers.json (an answer missing from it is an error). `image_sentences` holds
     every caption-source sentence (CAPTION_SOURCES) of the image in the splits read, whatever
     `sources` keeps (so a sentence drawn from another image can be checked against all of this
-    image's captions); one tuple is shared by all the image's pairs. An image listed in two
+    image's captions); one tuple is shared by the pairs of one lookup. An image listed in two
     splits gets the pairs of both.
     """
     corpus_dir = as_path(corpus_dir)
@@ -119,30 +120,15 @@ def load_pairs(
         if unknown:
             raise CorpusError(f"unknown sources {unknown}; the corpus sources are {list(SOURCES)}")
     answers = _AnswerIndex(corpus_dir)
-    entries: dict[str, list[tuple[str, str, dict[int, float] | None]]] = {}
-    captions: dict[str, list[str]] = {}
+    table = PairTableBuilder(sources)
     for split in splits:
         for path, number, record in _numbered_records(corpus_dir, split):
-            image = record["image"]
             try:
                 sentences = _sentences(record, answers)
             except CorpusError as err:
                 raise CorpusError(f"{path}:{number}: {err}") from err
-            entries.setdefault(image, []).extend(sentences)
-            captions.setdefault(image, []).extend(
-                sentence for source, sentence, _ in sentences if source in CAPTION_SOURCES
-            )
-    pairs: dict[str, list[Pair]] = {}
-    for image, sentences in entries.items():
-        shared = tuple(captions[image])
-        kept = [
-            Pair(image=image, sentence=sentence, source=source, answers=ans, image_sentences=shared)
-            for source, sentence, ans in sentences
-            if sources is None or source in sources
-        ]
-        if kept:
-            pairs[image] = kept
-    return pairs
+            table.add(record["image"], sentences)
+    return table.table()
 
 
 def _checked_record(line: str) -> dict:

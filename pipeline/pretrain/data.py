@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.corpus.config import CorpusError
+from pipeline.corpus.pair_table import PairTable
 from pipeline.corpus.pairs import Pair
 from pipeline.corpus.read import load_pairs
 from shards.reader import (
@@ -112,7 +113,7 @@ class _Shard:
 
 def _join(
     shard_paths: Sequence[str | os.PathLike],
-    pairs_by_image: dict[str, list[Pair]],
+    pairs_by_image: PairTable,
     corpus_dir: str | os.PathLike | None,
 ) -> tuple[list[_Shard], JoinReport]:
     """Scan the shards' headers (sorted by path), match their keys with the corpus."""
@@ -130,10 +131,10 @@ def _join(
                 place = f"twice in {path}" if where[key] == path else f"in {where[key]} and {path}"
                 raise SchemaError(f"sample {key!r} is {place}")
             where[key] = path
-            if pairs_by_image.get(key):
+            if key in pairs_by_image:
                 keys.append(key)
-        shards.append(_Shard(path, tuple(keys), sum(len(pairs_by_image[k]) for k in keys)))
-    corpus = {k for k, v in pairs_by_image.items() if v}
+        shards.append(_Shard(path, tuple(keys), sum(map(pairs_by_image.count, keys))))
+    corpus = set(pairs_by_image)
     missing = sorted(corpus - where.keys())
     untexted = sorted(where.keys() - corpus)
     report = JoinReport(
@@ -208,7 +209,7 @@ def _keep_boxes(sample: Sample, max_boxes: int | None) -> Sample:
 
 
 def expand_pairs(
-    samples: Iterable[tuple[str, Sample | None]], pairs_by_image: dict[str, list[Pair]]
+    samples: Iterable[tuple[str, Sample | None]], pairs_by_image: PairTable
 ) -> Iterator[tuple[Pair, Sample | None]]:
     """One (Pair, Sample) row per pair of each image; its rows share the one Sample."""
     for key, sample in samples:
@@ -218,7 +219,7 @@ def expand_pairs(
 
 def interleave_pairs(
     samples: Iterable[tuple[str, Sample | None]],
-    pairs_by_image: dict[str, list[Pair]],
+    pairs_by_image: PairTable,
     window: int,
 ) -> Iterator[tuple[Pair, Sample | None]]:
     """The rows of `window` consecutive images at a time, round robin: each image's first pair,
@@ -268,7 +269,7 @@ class PretrainStream:
     def __init__(
         self,
         shard_paths: Sequence[str | os.PathLike],
-        pairs_by_image: dict[str, list[Pair]],
+        pairs_by_image: PairTable,
         *,
         batch_size: int,
         rank: int = 0,
@@ -385,7 +386,8 @@ class PretrainStream:
         """Keys of the rows at positions skip..end-1 of the shuffled stream (of the steps in
         `keep` only, when given), found by running the same buffer (same seed, same number of
         items) over keys instead of rows."""
-        keys = (key for s in shards for key in s.keys for _ in self.pairs_by_image[key])
+        keys = (key for s in shards for key in s.keys
+                for _ in range(self.pairs_by_image.count(key)))
         shuffled = islice(shuffle_buffer(keys, self.shuffle_buffer, self._row_rng(epoch)),
                           skip, end)
         if keep is None:
@@ -408,7 +410,7 @@ class ValidationStream:
     def __init__(
         self,
         shard_paths: Sequence[str | os.PathLike],
-        pairs_by_image: dict[str, list[Pair]],
+        pairs_by_image: PairTable,
         *,
         batch_size: int,
         rank: int = 0,
@@ -430,7 +432,7 @@ class ValidationStream:
         wanted, position = set(), 0
         for first in range(0, len(keys), self.batch_size):
             window = keys[first : first + self.batch_size]
-            count = sum(len(self.pairs_by_image[key]) for key in window)
+            count = sum(map(self.pairs_by_image.count, window))
             if position < self.end and position + count > self.start:
                 wanted.update(window)
             position += count
