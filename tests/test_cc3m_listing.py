@@ -158,3 +158,4 @@ def test_images_of_several_archives_are_sorted_by_id_and_a_repeated_id_is_named(
                                            f"000000002.jpg and {tmp_path / 'c.tar'}"):
         ImageArray("cc3m", [archive("a.tar", [b"000000002"], 0),
                             archive("c.tar", [b"000000002"], 0)])
+

@@ -78,6 +78,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus-pairs", metavar="SIZES", type=url_counts,
                         help="also read LXMERT-shaped corpora of these pair counts (51 an image; "
                         "LXMERT's is 9180000) as pretraining does (pipeline/bench/scale_corpus.py)")
+    parser.add_argument("--feed-batches", metavar="N", type=int, default=0,
+                        help="also build N of LXMERT's training batches (256 pairs, 36 x 2048 "
+                        "float16 features) in one process, as a data worker does")
     parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     parser.add_argument("--plot", metavar="PNG", help="draw each cost against the size")
     parser.add_argument("--before", metavar="JSON", help="with --plot: an earlier run's --json, "
@@ -421,6 +424,14 @@ def run(args: argparse.Namespace) -> int:
         fitted = exponents([{**r, "urls": r["pairs"]} for r in rows], CORPUS_COSTS)
         results["corpus"] = {"rows": rows, "exponents": fitted}
         print(corpus_table(rows, fitted))
+    if args.feed_batches:
+        from pipeline.bench.scale_corpus import make_feed_world
+
+        feed = _child("feed", str(make_feed_world(work / "feed_lxmert")), str(args.feed_batches))
+        results["feed"] = feed
+        print(f"feed: {feed['pairs']:,} pairs in {feed['batches']} batches of LXMERT's: "
+              f"{feed['pairs_per_s']:,.0f} pairs/s in one process (+{feed['feed_mb']:.0f} MB "
+              f"while feeding, {feed['process_mb']:.0f} MB at its peak)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
@@ -437,5 +448,9 @@ if __name__ == "__main__":
         from pipeline.bench.scale_corpus import measure_corpus
 
         print(json.dumps(measure_corpus(sys.argv[2])))
+    elif sys.argv[1] == "feed":
+        from pipeline.bench.scale_corpus import measure_feed
+
+        print(json.dumps(measure_feed(sys.argv[2], int(sys.argv[3]))))
     else:
         print(json.dumps(measure(sys.argv[1])))

@@ -94,3 +94,46 @@ def corpus_table(rows: list[dict], fitted: dict[str, float]) -> str:
     lines.append("fitted exponent k (cost ~ n^k): "
                  + ", ".join(f"{k} {v:.2f}" for k, v in fitted.items()))
     return "\n".join(lines)
+
+
+FEED_IMAGES = 2064  # 8 steps of 256 pairs at 7 pairs an image, and loop_data's held-out split
+
+
+def make_feed_world(folder: Path) -> Path:
+    """Shards of LXMERT's features (36 regions x 2048 float16) and their corpus (loop_data's)."""
+    from pipeline.bench.loop_data import write_world
+
+    if not (folder / "done").is_file():
+        write_world(folder, images=FEED_IMAGES, regions=36, feature_dim=2048, answers=9500,
+                    objects=1600, attributes=400)
+        (folder / "done").write_text("")
+    return folder
+
+
+def measure_feed(world: str, batches: int) -> dict:
+    """LXMERT's training batches (configs/pretrain/lxmert.yaml: 256 pairs, the five tasks) built
+    in this process, as one data worker builds them: rows streamed from the shards, decoded,
+    joined, masked and collated; pairs/s and the process's memory growth."""
+    from pipeline.bench.scale import _memory_mb
+    from pipeline.common.assets import CONFIGS
+    from pipeline.common.config import to_dict
+    from pipeline.pretrain.config import load_config
+    from pipeline.pretrain.job import pretrain_job
+    from pipeline.train.feed import BatchBuilder, Micro
+
+    world = Path(world)
+    config = load_config(CONFIGS / "pretrain" / "lxmert.yaml", [
+        f"data.corpus={world / 'corpus'}", f"data.shards=[{world / 'shards'}]",
+        "data.train_splits=[train]", "data.sources=[mscoco,vqa]", "objective.qa_from_epoch=0",
+        "run.workers=0", "run.device=cpu", "data.shuffle_buffer=2048"])
+    job = pretrain_job(to_dict(config), 0, 1)
+    del job.module  # a data worker builds batches; the model is the training process's
+    builder = BatchBuilder(job.train, job.objective, job.texts, seed=0, rank=0)
+    micros = [Micro(0, i, i) for i in range(min(batches, job.train.steps_in_epoch(0)))]
+    before_mb = _memory_mb("VmRSS")
+    start = time.perf_counter()
+    pairs = sum(batch.size for _, batch in builder.batches(micros))
+    seconds = time.perf_counter() - start
+    return {"batches": len(micros), "pairs": pairs, "seconds": seconds,
+            "pairs_per_s": pairs / seconds, "feed_mb": _memory_mb("VmHWM") - before_mb,
+            "process_mb": _memory_mb("VmHWM")}
