@@ -112,9 +112,12 @@ def make_feed_world(folder: Path) -> Path:
 
 def measure_feed(world: str, batches: int) -> dict:
     """LXMERT's training batches (configs/pretrain/lxmert.yaml: 256 pairs, the five tasks) built
-    in this process, as one data worker builds them: rows streamed from the shards, decoded,
-    joined, masked and collated; pairs/s and the process's memory growth."""
+    in this process, as one data worker of a GPU run builds them (features kept float16): rows
+    streamed from the shards, decoded, joined, masked and collated; pairs/s and the process's
+    memory growth."""
     from pipeline.bench.scale import _memory_mb
+    import torch
+
     from pipeline.common.assets import CONFIGS
     from pipeline.common.config import to_dict
     from pipeline.pretrain.config import load_config
@@ -128,6 +131,7 @@ def measure_feed(world: str, batches: int) -> dict:
         "run.workers=0", "run.device=cpu", "data.shuffle_buffer=2048"])
     job = pretrain_job(to_dict(config), 0, 1)
     del job.module  # a data worker builds batches; the model is the training process's
+    job.objective.features_dtype = torch.float16  # as a GPU run's workers keep them (job.py)
     builder = BatchBuilder(job.train, job.objective, job.texts, seed=0, rank=0)
     micros = [Micro(0, i, i) for i in range(min(batches, job.train.steps_in_epoch(0)))]
     before_mb = _memory_mb("VmRSS")
