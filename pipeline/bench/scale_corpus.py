@@ -115,9 +115,9 @@ def measure_feed(world: str, batches: int) -> dict:
     in this process, as one data worker of a GPU run builds them (features kept float16): rows
     streamed from the shards, decoded, joined, masked and collated; pairs/s and the process's
     memory growth."""
-    from pipeline.bench.scale import _memory_mb
     import torch
 
+    from pipeline.bench.scale import _memory_mb
     from pipeline.common.assets import CONFIGS
     from pipeline.common.config import to_dict
     from pipeline.pretrain.config import load_config
