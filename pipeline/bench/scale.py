@@ -431,7 +431,7 @@ def run(args: argparse.Namespace) -> int:
         results["feed"] = feed
         print(f"feed: {feed['pairs']:,} pairs in {feed['batches']} batches of LXMERT's: "
               f"{feed['pairs_per_s']:,.0f} pairs/s in one process (+{feed['feed_mb']:.0f} MB "
-              f"while feeding, {feed['process_mb']:.0f} MB at its peak)")
+              f"while feeding, its peak then {feed['process_mb']:.0f} MB)")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
