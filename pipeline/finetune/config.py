@@ -49,7 +49,8 @@ class TaskDataConfig:
         answer must be to enter VQA's table (compute_softscore.py's 9).
     batch_size: examples per optimizer step summed over workers. max_boxes: regions per image.
     max_text_length: wordpieces per text, [CLS] and [SEP] included. val_batches: validation
-    batches per worker (0: all). tokenizer: a BERT directory (empty: the bundled vocabulary).
+    batches per worker (0: all). tokenizer: a BERT directory or `corpus vocab`'s, the
+    pretraining's (empty: the bundled vocabulary).
     language_only: zero every region's features and box, in training and prediction (the papers'
     language-only ablation: the model keeps its regions' count, nothing of their content).
     cache_mb: decoded samples kept in memory per worker, most recently used first (a dataset that

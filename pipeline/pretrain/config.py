@@ -36,7 +36,8 @@ class DataConfig:
     [CLS] and [SEP] included (LXMERT 20). shuffle_buffer: pairs per worker mixed before batching.
     val_batches: validation batches per worker (0: the whole held-out split).
     text_rows: VL-BERT's text-only rows added to each worker's batch, from the corpus text.txt.
-    tokenizer: a BERT checkpoint directory; empty = the bundled uncased WordPiece vocabulary.
+    tokenizer: a BERT checkpoint directory or `pipeline corpus vocab`'s; empty = the bundled uncased
+    WordPiece vocabulary.
     """
 
     corpus: str = ""
