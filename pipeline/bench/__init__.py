@@ -12,6 +12,9 @@ model_lxmert.py   the LXMERT pair for model.py: same weights, batch and loss in 
 loop.py           model.py --loop: the pretraining loop against the model alone
 loop_data.py      the loop's corpus and shards, written in the real formats
 end_to_end.py     one training step with the detector trained end to end (VL-BERT)
+scale.py          listing, planning, extracting and resuming CC3M downloads at growing sizes
+scale_corpus.py   scale.py's LXMERT corpus and data feed at LXMERT's size
+process_memory.py this process's memory (VmRSS, VmHWM)
 gpu.py            the GPU suite: `python -m pipeline.bench.gpu --out docs/`, first thing on a GPU
 command.py        the verb
 """

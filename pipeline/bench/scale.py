@@ -33,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from pipeline.bench.process_memory import memory_mb
+
 URLS_PER_TAR = 10_000  # img2dataset's default --number_sample_per_shard
 FAILED_EVERY = 10
 SHARD_SIZE = 1000  # output.shard_size's default
@@ -118,15 +120,6 @@ def make_root(folder: Path, urls: int, per_tar: int = URLS_PER_TAR) -> Path:
     return folder
 
 
-def _memory_mb(field: str) -> float:
-    """VmRSS (now) or VmHWM (the peak of this program: unlike ru_maxrss, not the peak of the
-    process that started it) of this process, in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _bytes_read() -> int:
     for line in Path("/proc/self/io").read_text().splitlines():
         if line.startswith("rchar:"):
@@ -143,14 +136,14 @@ def measure(root: str) -> dict:
     from shards.storage import as_path
 
     as_path(root).exists()  # a URL's filesystem (s3fs, its event loop) made before the baseline
-    before_mb, read_before = _memory_mb("VmRSS"), _bytes_read()
+    before_mb, read_before = memory_mb("VmRSS"), _bytes_read()
     start = time.perf_counter()
     refs = list_images("cc3m", root)
     listed = time.perf_counter()
     gc.freeze()  # as pipeline.extract.job does for the run
     units = plan_units(refs, plan_shards(len(refs), SHARD_SIZE), BATCH_SIZE)
     planned = time.perf_counter()
-    peak_mb = _memory_mb("VmHWM")
+    peak_mb = memory_mb("VmHWM")
     return {"images": len(refs), "units": len(units), "list_s": listed - start,
             "plan_s": planned - listed, "rss_before_mb": before_mb, "peak_mb": peak_mb,
             "driver_mb": peak_mb - before_mb, "bytes_read": _bytes_read() - read_before}
@@ -168,7 +161,7 @@ def measure_extract(root: str, out: str) -> dict:
     first = tally.timeline[0][0] - start if tally.timeline else None
     return {"extracted": tally.ok, "failed": sum(tally.failed.values()),
             "skipped_images": tally.skipped_images, "wall_s": time.perf_counter() - start,
-            "first_unit_s": first, "peak_mb": _memory_mb("VmHWM")}
+            "first_unit_s": first, "peak_mb": memory_mb("VmHWM")}
 
 
 def measure_shards(verb: str, out: str) -> dict:
@@ -176,13 +169,13 @@ def measure_shards(verb: str, out: str) -> dict:
     from shards.tsv import export_tsv
     from shards.verify import verify_shards
 
-    before_mb, start = _memory_mb("VmRSS"), time.perf_counter()
+    before_mb, start = memory_mb("VmRSS"), time.perf_counter()
     if verb == "verify":
         if problems := verify_shards(out):
             raise RuntimeError(f"{out}: {len(problems)} problems, the first {problems[0]}")
     else:
         export_tsv(out, Path(out).with_suffix(".tsv"))
-    return {"wall_s": time.perf_counter() - start, "driver_mb": _memory_mb("VmHWM") - before_mb}
+    return {"wall_s": time.perf_counter() - start, "driver_mb": memory_mb("VmHWM") - before_mb}
 
 
 def written(out: Path) -> tuple[dict[str, str], int]:

@@ -62,20 +62,20 @@ def make_corpus(folder: Path, pairs: int) -> Path:
 
 def measure_corpus(corpus: str) -> dict:
     """Read `corpus` as pretraining does, in this process; then as Pair objects."""
-    from pipeline.bench.scale import _memory_mb
+    from pipeline.bench.process_memory import memory_mb
     from pipeline.corpus.read import load_pairs
 
-    before_mb = _memory_mb("VmRSS")
+    before_mb = memory_mb("VmRSS")
     start = time.perf_counter()
     table = load_pairs(corpus, ["train"])
     read = time.perf_counter()
-    peak_mb, table_mb = _memory_mb("VmHWM") - before_mb, _memory_mb("VmRSS") - before_mb
+    peak_mb, table_mb = memory_mb("VmHWM") - before_mb, memory_mb("VmRSS") - before_mb
     count = sum(table.count(image) for image in table)
     counted = time.perf_counter()
     gc.freeze()
     objects = {image: table[image] for image in table}
     made = time.perf_counter()
-    objects_mb = _memory_mb("VmRSS") - before_mb - table_mb
+    objects_mb = memory_mb("VmRSS") - before_mb - table_mb
     return {"images": len(objects), "pairs": count, "read_s": read - start,
             "count_s": counted - read, "objects_s": made - counted, "read_peak_mb": peak_mb,
             "table_mb": table_mb, "table_nbytes_mb": table.nbytes / 2**20,
@@ -117,7 +117,7 @@ def measure_feed(world: str, batches: int) -> dict:
     memory growth."""
     import torch
 
-    from pipeline.bench.scale import _memory_mb
+    from pipeline.bench.process_memory import memory_mb
     from pipeline.common.assets import CONFIGS
     from pipeline.common.config import to_dict
     from pipeline.pretrain.config import load_config
@@ -136,10 +136,10 @@ def measure_feed(world: str, batches: int) -> dict:
     micros = [Micro(0, i, i) for i in range(min(batches, job.train.steps_in_epoch(0)))]
     gc.collect()
     Path("/proc/self/clear_refs").write_text("5")  # the peak restarts here: the model's is gone
-    before_mb = _memory_mb("VmRSS")
+    before_mb = memory_mb("VmRSS")
     start = time.perf_counter()
     pairs = sum(batch.size for _, batch in builder.batches(micros))
     seconds = time.perf_counter() - start
     return {"batches": len(micros), "pairs": pairs, "seconds": seconds,
-            "pairs_per_s": pairs / seconds, "feed_mb": _memory_mb("VmHWM") - before_mb,
-            "process_mb": _memory_mb("VmHWM")}  # the worker's peak while feeding
+            "pairs_per_s": pairs / seconds, "feed_mb": memory_mb("VmHWM") - before_mb,
+            "process_mb": memory_mb("VmHWM")}  # the worker's peak while feeding
