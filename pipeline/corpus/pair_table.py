@@ -81,8 +81,9 @@ class PairTable(Mapping[str, list[Pair]]):
 
     def __getitem__(self, image: str) -> list[Pair]:
         rows = [i for start, stop in self.chunks[image] for i in range(start, stop)]
-        shared = tuple(self._sentence(i) for i in rows if self._captions[i])
-        return [Pair(image=image, sentence=self._sentence(i), source=SOURCES[self.source[i]],
+        sentences = {i: self._sentence(i) for i in rows}  # each decoded once
+        shared = tuple(sentences[i] for i in rows if self._captions[i])
+        return [Pair(image=image, sentence=sentences[i], source=SOURCES[self.source[i]],
                      answers=self._answers(i), image_sentences=shared)
                 for i in rows if self.kept[i]]
 
