@@ -64,3 +64,5 @@ def test_splits_can_be_chosen_and_an_absent_one_is_named(corpus, tmp_path, capsy
     err = capsys.readouterr().err
     assert "no split vgnococo" in err and "it has train, minival" in err
     assert not (tmp_path / "v").exists()
+    assert main(["corpus", "vocab", str(tmp_path / "nothing"), "--out", str(tmp_path / "v")]) == 2
+    assert "nothing: not a corpus (no {split}.jsonl" in capsys.readouterr().err

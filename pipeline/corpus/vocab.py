@@ -55,6 +55,9 @@ def corpus_vocabulary(corpus_dir: str | os.PathLike, splits: Sequence[str] | Non
                       held_out: str = "minival") -> Vocabulary:
     """The vocabulary of `splits` (None: every split but `held_out`) of a built corpus."""
     present = split_names(corpus_dir)
+    if not present:
+        raise CorpusError(f"{corpus_dir}: not a corpus (no {{split}}.jsonl; `pipeline corpus "
+                          "build` writes them)")
     if splits is None:
         splits = [split for split in present if split != held_out]
     missing = [split for split in splits if split not in present]
