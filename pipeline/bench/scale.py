@@ -47,8 +47,9 @@ TINY_DETECTOR = [
     "detector.depth=18", "detector.width=8", "detector.rpn_hidden=16",
     "detector.rpn_pre_nms_topk=50", "detector.rpn_post_nms_topk=10",
     "detector.pooler_resolution=2", "preprocess.min_size=32", "preprocess.max_size=32",
-    "selection.min_boxes=1", "selection.max_boxes=1", "run.batch_size=64", "run.engine=local",
+    "selection.min_boxes=1", "selection.max_boxes=1", "run.batch_size=64",
 ]
+ENGINES = ("local", "ray")
 
 DESCRIPTION = __doc__.split("\n\n")[1].replace("\n", " ")
 
@@ -65,6 +66,15 @@ def url_counts(text: str) -> list[int]:
     return counts
 
 
+def engine_names(text: str) -> list[str]:
+    """--engines "local,ray" -> ["local", "ray"]; an argparse error for another name."""
+    names = text.split(",")
+    if not names or any(name not in ENGINES for name in names):
+        raise argparse.ArgumentTypeError(f"expected engines among {', '.join(ENGINES)}, "
+                                         f"comma-separated; got {text!r}")
+    return names
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=url_counts, default="10000,100000,1000000",
                         help="comma-separated url counts (default: 10000,100000,1000000)")
@@ -77,6 +87,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         help="also extract roots of these url counts with the local engine and a "
                         "tiny random detector (TINY_DETECTOR), whole, then again killed at half "
                         "its shards and resumed (e.g. 1000,10000,100000)")
+    parser.add_argument("--engines", type=engine_names, default="local",
+                        help="with --extract-sizes: the engines to run, comma-separated (local, "
+                        "ray; default: local)")
     parser.add_argument("--corpus-pairs", metavar="SIZES", type=url_counts,
                         help="also read LXMERT-shaped corpora of these pair counts (51 an image; "
                         "LXMERT's is 9180000) as pretraining does (pipeline/bench/scale_corpus.py)")
@@ -99,7 +112,7 @@ def tiny_jpeg() -> bytes:
 
 def make_root(folder: Path, urls: int, per_tar: int = URLS_PER_TAR) -> Path:
     """An img2dataset CC3M root of `urls` urls, `per_tar` to a shard, in `folder` (made once;
-    `done` marks it whole)."""
+    `done` marks it whole; a shard whose stats file is there, written last, is kept)."""
     from pipeline.world.formats.cc3m import Download, write_shard
 
     if (folder / "done").is_file():
@@ -107,6 +120,8 @@ def make_root(folder: Path, urls: int, per_tar: int = URLS_PER_TAR) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     jpeg = tiny_jpeg()
     for shard, start in enumerate(range(0, urls, per_tar)):
+        if (folder / f"{shard:05d}_stats.json").is_file():
+            continue
         downloads = [
             Download(url=f"https://example.com/{start + i}.jpg", caption=f"a photo {start + i}",
                      jpeg=jpeg, width=32, height=32)
@@ -149,15 +164,15 @@ def measure(root: str) -> dict:
             "driver_mb": peak_mb - before_mb, "bytes_read": _bytes_read() - read_before}
 
 
-def measure_extract(root: str, out: str) -> dict:
+def measure_extract(root: str, out: str, engine: str) -> dict:
     """`pipeline extract --dataset cc3m` of `root` into `out` (resuming what is there) in this
-    process, with TINY_DETECTOR on the CPU."""
+    process, with TINY_DETECTOR on the CPU and `engine`."""
     from pipeline.extract.config import resolve_job
     from pipeline.extract.job import extract_dataset
 
     start = time.perf_counter()
-    tally = extract_dataset(resolve_job(None, TINY_DETECTOR, device="cpu"), "cc3m", root, out,
-                            show_progress=False)
+    job = resolve_job(None, [*TINY_DETECTOR, f"run.engine={engine}"], device="cpu")
+    tally = extract_dataset(job, "cc3m", root, out, show_progress=False)
     first = tally.timeline[0][0] - start if tally.timeline else None
     return {"extracted": tally.ok, "failed": sum(tally.failed.values()),
             "skipped_images": tally.skipped_images, "wall_s": time.perf_counter() - start,
@@ -190,23 +205,24 @@ def written(out: Path) -> tuple[dict[str, str], int]:
     return found, records
 
 
-def extract_row(root: Path, work: Path, urls: int) -> dict:
+def extract_row(root: Path, work: Path, urls: int, engine: str) -> dict:
     """A whole run, then a run killed at half its shards and resumed, with what each wrote."""
     import shutil
 
-    whole, broken = work / f"feats_{urls}", work / f"feats_{urls}_killed"
+    whole, broken = work / f"feats_{urls}_{engine}", work / f"feats_{urls}_{engine}_killed"
     for out in (whole, broken):
         shutil.rmtree(out, ignore_errors=True)
-    row = {"urls": urls, **_child("extract", str(root), str(whole))}
+    row = {"urls": urls, **_child("extract", str(root), str(whole), engine)}
     shards = len(list(whole.glob("*_stats.json")))
-    command = [sys.executable, "-m", "pipeline.bench.scale", "extract", str(root), str(broken)]
+    command = [sys.executable, "-m", "pipeline.bench.scale", "extract", str(root), str(broken),
+               engine]
     run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while len(list(broken.glob("*_stats.json"))) < shards // 2 and run.poll() is None:
         time.sleep(0.05)
     run.kill()
     run.wait()
     killed_at = len(list(broken.glob("*_stats.json")))
-    resumed = _child("extract", str(root), str(broken))
+    resumed = _child("extract", str(root), str(broken), engine)
     digests, records = written(broken)
     row["resume"] = {"shards_before": killed_at, "of": shards, **resumed, "records": records,
                      "equal": digests == written(whole)[0]}
@@ -329,8 +345,9 @@ def _extract_exponents(rows: list[dict]) -> dict[str, float]:
     return exponents(flat, ["wall_s", "resume_first_unit_s", "verify_s", "export_tsv_s"])
 
 
-def _extract_table(rows: list[dict], fitted: dict) -> str:
-    lines = ["local engine, tiny random detector: a whole run, then one killed at half and resumed",
+def _extract_table(engine: str, rows: list[dict], fitted: dict) -> str:
+    lines = [f"{engine} engine, tiny random detector: a whole run, then one killed at half and "
+             "resumed",
              f"{'urls':>10} {'images':>9} {'wall s':>8} {'img/s':>7} {'peak MB':>8} "
              f"{'killed at':>10} {'first new s':>11} {'records':>8} {'equal':>6}"]
     for r in rows:
@@ -405,10 +422,12 @@ def run(args: argparse.Namespace) -> int:
         block["exponents"] = exponents(block["rows"])
         print(_table(storage, block["rows"], block["exponents"]))
     if args.extract_sizes:
-        rows = [extract_row(make_root(work / f"cc3m_{urls}", urls), work, urls)
-                for urls in args.extract_sizes]
-        results["extract"] = {"rows": rows, "exponents": _extract_exponents(rows)}
-        print(_extract_table(rows, results["extract"]["exponents"]))
+        for engine in args.engines:
+            rows = [extract_row(make_root(work / f"cc3m_{urls}", urls), work, urls, engine)
+                    for urls in args.extract_sizes]
+            block = results["extract" if engine == "local" else f"extract_{engine}"] = {
+                "engine": engine, "rows": rows, "exponents": _extract_exponents(rows)}
+            print(_extract_table(engine, rows, block["exponents"]))
     if args.corpus_pairs:
         from pipeline.bench.scale_corpus import CORPUS_COSTS, corpus_table, make_corpus
 
@@ -434,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1] == "extract":
-        print(json.dumps(measure_extract(sys.argv[2], sys.argv[3])))
+        print(json.dumps(measure_extract(*sys.argv[2:5])))
     elif sys.argv[1] == "shards":
         print(json.dumps(measure_shards(sys.argv[2], sys.argv[3])))
     elif sys.argv[1] == "corpus":
