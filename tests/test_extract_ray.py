@@ -19,11 +19,14 @@ from PIL import Image
 from skimage import data
 
 import pipeline.extract.job
+from pipeline.bench.scale import make_root
 from pipeline.cli import main
 from pipeline.common.config import ConfigError
+from pipeline.datasets import list_images
 from pipeline.extract.config import EngineConfig
 from pipeline.extract.ray_engine import RayLayout, plan_layout
 from progress_bars import RecordingBar
+from shards.reader import iter_samples
 from shards.verify import verify_shards
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,3 +232,28 @@ def test_layout_defaults_follow_the_cluster():
         plan_layout(EngineConfig(device="cuda"), cpu_node)
     with pytest.raises(ConfigError, match="need one CPU each"):
         plan_layout(EngineConfig(decoders=2), cpu_node)
+
+
+@pytest.mark.ray
+def test_a_cc3m_download_with_given_boxes_is_read_by_ray_as_by_the_local_engine(tmp_path):
+    """Ray's decoders take their images from the run's inputs, put into the object store once:
+    img2dataset's tars listed as arrays (each decoder finds the offsets) and the given boxes."""
+    root = make_root(tmp_path / "cc3m", 40, per_tar=20)  # 36 images in two tars
+    ids = [ref.image_id for ref in list_images("cc3m", str(root))]
+    boxes = {image_id: [[2, 2, 20 + i % 10, 24]] for i, image_id in enumerate(ids) if i != 5}
+    given = tmp_path / "boxes.json"
+    given.write_text(json.dumps(boxes))
+    outcomes = {}
+    for engine in ("local", "ray"):
+        out = tmp_path / engine
+        assert main(["extract", "--dataset", "cc3m", "--root", str(root), "--out", str(out),
+                     *TINY, "--engine", engine, "--boxes", "given",
+                     "--given-boxes", str(given)]) == 0
+        outcomes[engine] = _outcome(out)
+    assert outcomes["ray"] == outcomes["local"]
+    assert sum(len(shard["keys"]) for shard in outcomes["ray"].values()) == 35
+    failed = [s for shard in outcomes["ray"].values() for s in shard["status"]
+              if s["status"] == "failed"]
+    assert [s["image_id"] for s in failed] == [ids[5]] and "no boxes given" in failed[0]["error"]
+    samples = {s.meta["image_id"]: s for s in iter_samples(tmp_path / "ray")}
+    np.testing.assert_array_equal(samples[ids[7]].arrays["boxes"], np.float32(boxes[ids[7]]))

@@ -21,6 +21,7 @@ The roots are kept in --work and reused by later runs of the same sizes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import io
 import json
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.bench.process_memory import memory_mb
@@ -96,6 +98,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feed-batches", metavar="N", type=int, default=0,
                         help="also build N of LXMERT's training batches (256 pairs, 36 x 2048 "
                         "float16 features) in one process, as a data worker does")
+    parser.add_argument("--pretrain-images", metavar="N", type=int, default=0,
+                        help="also time a pretraining run's driver and its first worker before "
+                        "the first step, over N images' shards and 51 pairs an image (LXMERT's: "
+                        "180000; pipeline/bench/scale_pretrain.py)")
     parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     parser.add_argument("--plot", metavar="PNG", help="draw each cost against the size")
     parser.add_argument("--before", metavar="JSON", help="with --plot: an earlier run's --json, "
@@ -255,11 +261,11 @@ class S3Server:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        self.recording = work / "moto_recording.jsonl"
+        self.recorded = work / "moto_recording.jsonl"
         self.process = subprocess.Popen(
             [str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, env={**os.environ,
-                                            "MOTO_RECORDER_FILEPATH": str(self.recording)})
+                                            "MOTO_RECORDER_FILEPATH": str(self.recorded)})
         # The standard variables that point boto and s3fs at it; `env` is this process's with them.
         self.aws = {"AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": "moto",
                     "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": self.url}
@@ -287,15 +293,24 @@ class S3Server:
         request = urllib.request.Request(f"{self.url}/moto-api/recorder/{action}", method="POST")
         urllib.request.urlopen(request, timeout=30)
 
-    def measure(self, root: str) -> dict:
-        """`measure` in a fresh process, with the requests the server saw meanwhile."""
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[list[dict]]:
+        """The requests the server serves inside the block (each as moto's recorder writes it:
+        method, headers, ...), in the list yielded once the block ends."""
+        requests: list[dict] = []
         self._recorder("reset-recording")
         self._recorder("start-recording")
         try:
-            numbers = _child(root, env=self.env)
+            yield requests
         finally:
             self._recorder("stop-recording")
-        requests = [json.loads(line) for line in self.recording.read_text().splitlines()]
+            requests.extend(json.loads(line)
+                            for line in self.recorded.read_text().splitlines())
+
+    def measure(self, root: str) -> dict:
+        """`measure` in a fresh process, with the requests the server saw meanwhile."""
+        with self.recording() as requests:
+            numbers = _child(root, env=self.env)
         ranges = [RANGE.search(r["headers"].get("Range", "")) for r in requests]
         numbers["requests"] = len(requests)
         numbers["requests_by_method"] = {m: sum(r["method"] == m for r in requests)
@@ -444,6 +459,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"feed: {feed['pairs']:,} pairs in {feed['batches']} batches of LXMERT's: "
               f"{feed['pairs_per_s']:,.0f} pairs/s in one process (+{feed['feed_mb']:.0f} MB "
               f"while feeding, its peak then {feed['process_mb']:.0f} MB)")
+    if args.pretrain_images:
+        from pipeline.bench.scale_pretrain import make_pretrain_world, pretrain_table
+
+        world = str(make_pretrain_world(work / f"pretrain_{args.pretrain_images}",
+                                        args.pretrain_images))
+        results["pretrain"] = {"images": args.pretrain_images,
+                               "driver": _child("pretrain-driver", world),
+                               "worker": _child("pretrain-worker", world)}
+        print(pretrain_table(args.pretrain_images, results["pretrain"]["driver"],
+                             results["pretrain"]["worker"]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
@@ -451,18 +476,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _measured(argv: list[str]) -> dict:
+    """What a fresh process (`_child`) measures: `VERB ARGS`, or `ROOT` to list and plan."""
+    from pipeline.bench import scale_corpus, scale_pretrain
+
+    verbs = {"extract": measure_extract, "shards": measure_shards,
+             "corpus": scale_corpus.measure_corpus,
+             "feed": lambda world, batches: scale_corpus.measure_feed(world, int(batches)),
+             "pretrain-driver": scale_pretrain.measure_driver,
+             "pretrain-worker": scale_pretrain.measure_worker}
+    if argv[0] in verbs:
+        return verbs[argv[0]](*argv[1:])
+    return measure(argv[0])
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "extract":
-        print(json.dumps(measure_extract(*sys.argv[2:5])))
-    elif sys.argv[1] == "shards":
-        print(json.dumps(measure_shards(sys.argv[2], sys.argv[3])))
-    elif sys.argv[1] == "corpus":
-        from pipeline.bench.scale_corpus import measure_corpus
-
-        print(json.dumps(measure_corpus(sys.argv[2])))
-    elif sys.argv[1] == "feed":
-        from pipeline.bench.scale_corpus import measure_feed
-
-        print(json.dumps(measure_feed(sys.argv[2], int(sys.argv[3]))))
-    else:
-        print(json.dumps(measure(sys.argv[1])))
+    print(json.dumps(_measured(sys.argv[1:])))

@@ -28,7 +28,7 @@ def _object(rng: random.Random) -> str:
     return f"{rng.choice(('small', 'large', 'little'))} {rng.choice(COLOURS)} {rng.choice(SHAPES)}"
 
 
-def _record(image: int, rng: random.Random) -> dict:
+def corpus_record(image: int, rng: random.Random) -> dict:
     captions, descriptions, questions = PER_IMAGE
     asked = [f"Is the {rng.choice(SHAPES)} {rng.choice(COLOURS)}?" for _ in range(questions)]
     return {
@@ -54,7 +54,7 @@ def make_corpus(folder: Path, pairs: int) -> Path:
     rng = random.Random(0)
     with (folder / "train.jsonl").open("w") as f:
         for image in range(max(1, pairs // sum(PER_IMAGE))):
-            f.write(json.dumps(_record(image, rng)) + "\n")
+            f.write(json.dumps(corpus_record(image, rng)) + "\n")
     AnswerTable(ANSWERS).save(folder / "answers.json")
     (folder / "done").write_text("")
     return folder

@@ -60,12 +60,17 @@ class ImageRef:
         """Where the image is, for messages: the file, or `archive:member`."""
         return str(self.path) if self.member is None else f"{self.path}:{self.member}"
 
+    def data_range(self) -> tuple[int, int]:
+        """(offset, length) of an archive member's data: as listed, or from the archive's index
+        (OSError if the archive has no such member)."""
+        if self.offset < 0:
+            return member_range(self.path, self.member)
+        return self.offset, self.length
+
     def read_bytes(self) -> bytes:
         if self.member is None:
             return self.path.read_bytes()
-        offset, length = self.offset, self.length
-        if offset < 0:
-            offset, length = member_range(self.path, self.member)
+        offset, length = self.data_range()
         data = read_range(self.path, offset, length)
         if len(data) != length:
             raise OSError(f"{self.location}: archive ends after {len(data)} of {length} bytes")

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 
 from extractor.extractor import Extractor
+from pipeline.datasets.read import read_images
 from pipeline.extract.config import ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
@@ -23,6 +24,7 @@ class LocalEngine:
     """Runs units in this process: decoding in a thread pool a few batches ahead, one Extractor."""
 
     AHEAD = 2  # batches decoded ahead of the detector: enough to hide decoding, bounded memory
+    READERS = 2  # threads reading units (a request each on an object store), for the decoders
 
     def __init__(self, job: ExtractJobConfig, extractor: Extractor, given_boxes=None):
         self.job = job
@@ -36,9 +38,10 @@ class LocalEngine:
         # One batch in flight only on a GPU: on the CPU, submit already does all the work.
         self.pipelined = extractor.device.type == "cuda"
 
-    def _prepare(self, ref) -> Prepared:
-        """prepare, then ship_pixels, in a decoding thread."""
-        item = self.prepare(ref)
+    def _prepare(self, ref, read: Future, index: int) -> Prepared:
+        """prepare (with the bytes its unit's read gave it), then ship_pixels, in a decoding
+        thread."""
+        item = self.prepare(ref, data=read.result()[index])
         ship_pixels([item], self.job.preprocess, self.pin)
         return item
 
@@ -51,11 +54,12 @@ class LocalEngine:
         batch's writing."""
         progress = sink.progress
         written: deque[tuple[int, Future]] = deque()  # (batch number, its writing)
-        with ThreadPoolExecutor(self._decode_threads()) as pool, \
+        with ThreadPoolExecutor(self.READERS) as reader, \
+                ThreadPoolExecutor(self._decode_threads()) as pool, \
                 ThreadPoolExecutor(1) as writer:
             try:
                 in_flight = None  # the batch on the device while the next one is submitted
-                prepared = self._prepared(pool, units, progress)
+                prepared = self._prepared(reader, pool, units, progress)
                 for number, (unit, items) in enumerate(zip(units, prepared)):
                     progress.stage(number, "detector")
                     flight = submit_batch(self.extractor, items)
@@ -90,12 +94,16 @@ class LocalEngine:
             return 2
         return max(1, min(8, len(os.sched_getaffinity(0))))
 
-    def _prepared(self, pool: ThreadPoolExecutor, units: list[Unit],
+    def _prepared(self, reader: ThreadPoolExecutor, pool: ThreadPoolExecutor, units: list[Unit],
                   progress: ExtractProgress) -> Iterator[list[Prepared]]:
-        """Each unit's prepared items in turn, their decoding queued AHEAD units ahead."""
+        """Each unit's prepared items in turn, their reading (one read_images per unit, in the
+        reader threads) and decoding queued AHEAD units ahead."""
         pending: deque = deque()
         for number, unit in enumerate(units):
-            pending.append((number, [pool.submit(self._prepare, ref) for ref in unit.refs]))
+            refs = unit.refs
+            read = reader.submit(read_images, refs)
+            pending.append((number, [pool.submit(self._prepare, ref, read, i)
+                                     for i, ref in enumerate(refs)]))
             if len(pending) > self.AHEAD:
                 yield _decoded(*pending.popleft(), progress)
         while pending:

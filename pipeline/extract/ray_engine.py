@@ -10,10 +10,15 @@
 
 A row is one unit (a detector batch cut from the shard plan), so batches never depend on Ray's
 block boundaries or on where an earlier run stopped, and results come back in plan order
-(preserve_order). Rows are {"unit": index into the driver's unit list, "payload": bytes}, the
-payload pickled between our own processes: (refs, given boxes) -> list[Prepared] decoded ->
-(list[Prepared] detected, stage seconds); a detected row also names the node (IP) whose actor
-detected it, so a run on a cluster records where its work went.
+(preserve_order). The driver puts the run's inputs into the object store once (`UnitInputs`: the
+image list, each unit's range of it, the given boxes), and the rows start as unit numbers
+(`ray.data.range`, read by the decode tasks themselves): the driver holds no per-unit object
+beyond the plan, and a decoder process takes its refs from the inputs it fetched once (the image
+list of img2dataset's tars is a few numpy arrays, read in place from the object store). Rows then
+are {"unit": index into the driver's unit list, "payload": bytes}, the payload pickled between our
+own processes: list[Prepared] decoded -> (list[Prepared] detected, stage seconds); a detected row
+also names the node (IP) whose actor detected it, so a run on a cluster records where its work
+went.
 
 Faults: Ray Data's defaults (Ray 2.60) restart a dead actor and retry its tasks (max_restarts =
 max_task_retries = -1) and retry a task whose worker died (max_retries = -1); tests pin that.
@@ -32,6 +37,7 @@ import logging
 import pickle
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +47,8 @@ import torch
 from extractor.config import PreprocessConfig
 from pipeline.common.config import ConfigError
 from pipeline.common.ray_session import ray_session
+from pipeline.datasets import ImageRef
+from pipeline.datasets.read import read_images
 from pipeline.extract.config import EngineConfig, ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
@@ -95,15 +103,45 @@ def plan_layout(run: EngineConfig, resources: dict[str, float]) -> RayLayout:
     return RayLayout(actors, gpus_per_actor, decoders, threads)
 
 
+@dataclass(frozen=True)
+class UnitInputs:
+    """What the decoders read units from, put into the object store once per run: the image list,
+    each unit's [start, stop) of it (one row per unit), and the given boxes (or None)."""
+
+    images: Sequence[ImageRef]
+    bounds: np.ndarray
+    given_boxes: dict[str, np.ndarray] | None
+
+
+_fetched: dict[str, UnitInputs] = {}  # a decoder process's current run's inputs, by object id
+
+
+def _inputs(ref) -> UnitInputs:
+    """The run's inputs, fetched once per decoder process (Ray reuses a process for many tasks)."""
+    key = ref.hex()
+    if key not in _fetched:
+        import ray
+
+        _fetched.clear()  # an earlier run's, in a process Ray kept
+        _fetched[key] = ray.get(ref)
+    return _fetched[key]
+
+
 def decode_unit(
-    row: dict, preprocess: PreprocessConfig, keep_bytes: bool, device_resize: bool
+    row: dict, inputs, preprocess: PreprocessConfig, keep_bytes: bool, device_resize: bool
 ) -> dict:
-    """Decode stage: a unit's (refs, given boxes) -> its list[Prepared] (bad images as errors).
-    device_resize: the actors detect on GPUs, which resize where they can (see prepare)."""
-    refs, given_boxes = pickle.loads(row["payload"])
-    items = [prepare(ref, preprocess, given_boxes, keep_bytes, device_resize) for ref in refs]
+    """Decode stage: unit number `row["id"]` -> its list[Prepared] (bad images as errors), its
+    images read together (read_images: one request per run of neighbouring tar members).
+    inputs: the ObjectRef of the run's UnitInputs. device_resize: the actors detect on GPUs,
+    which resize where they can (see prepare)."""
+    unit = int(row["id"])
+    run = _inputs(inputs)
+    start, stop = run.bounds[unit]
+    refs = run.images[start:stop]
+    items = [prepare(ref, preprocess, run.given_boxes, keep_bytes, device_resize, data)
+             for ref, data in zip(refs, read_images(refs))]
     ship_pixels(items, preprocess, pin=False)  # pinned memory would not survive the object store
-    return {"unit": row["unit"], "payload": pickle.dumps(items, pickle.HIGHEST_PROTOCOL)}
+    return {"unit": unit, "payload": pickle.dumps(items, pickle.HIGHEST_PROTOCOL)}
 
 
 class UnitDetector:
@@ -199,7 +237,8 @@ class RayEngine:
         context.print_on_execution_start = False
         logging.getLogger("ray.data").setLevel(logging.WARNING)
         logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # ours: tqdm
-        rows = [{"unit": i, "payload": self._unit_payload(unit)} for i, unit in enumerate(units)]
+        bounds = np.array([(unit.start, unit.stop) for unit in units], np.int64)
+        inputs = ray.put(UnitInputs(units[0].images, bounds, self.given_boxes))
         preprocess = self.job.preprocess
         # A decoder holds a worker (Python, torch: about 0.5 GiB), one image of up to max_pixels
         # (uint8 BGR) and its resized float32 copy. Declaring that memory also keeps Ray Data from
@@ -209,10 +248,11 @@ class RayEngine:
             2**29 + 3 * preprocess.max_pixels + 12 * preprocess.min_size * preprocess.max_size
         )
         return (
-            ray.data.from_items(rows, override_num_blocks=len(rows))
+            ray.data.range(len(units), override_num_blocks=len(units))
             .map(
                 decode_unit,
-                fn_kwargs={"preprocess": preprocess, "keep_bytes": self.job.output.keep_images,
+                fn_kwargs={"inputs": inputs, "preprocess": preprocess,
+                           "keep_bytes": self.job.output.keep_images,
                            "device_resize": layout.gpus_per_actor > 0},
                 compute=TaskPoolStrategy(size=layout.decoders),
                 num_cpus=1,
@@ -230,10 +270,3 @@ class RayEngine:
                 num_gpus=layout.gpus_per_actor,
             )
         )
-
-    def _unit_payload(self, unit: Unit) -> bytes:
-        refs, boxes = unit.refs, None
-        if self.given_boxes is not None:
-            boxes = {r.image_id: self.given_boxes[r.image_id] for r in refs
-                     if r.image_id in self.given_boxes}
-        return pickle.dumps((refs, boxes), pickle.HIGHEST_PROTOCOL)

@@ -64,6 +64,7 @@ def prepare(
     given_boxes: dict[str, np.ndarray] | None = None,
     keep_bytes: bool = False,
     device_resize: bool = False,
+    data: bytes | OSError | None = None,
 ) -> Prepared:
     """Read, decode and resize one image; never raises for a bad image.
 
@@ -71,10 +72,15 @@ def prepare(
     that decodes but has no entry fails with "no boxes given".
     device_resize: leave the resize to the detector's device where it gives the same pixels
     there (resizes_on_device): `image` is then a DecodedImage and the host only decodes.
+    data: the image's bytes, or the OSError reading them raised, when read with its batch
+    (pipeline.datasets.read.read_images); None: read here.
     """
     start = time.perf_counter()
     try:
-        data = ref.read_bytes()
+        if data is None:
+            data = ref.read_bytes()
+        elif isinstance(data, OSError):
+            raise data
     except OSError as err:  # missing, unreadable, an archive cut short: in the error's own words
         cause = str(err).removeprefix(f"{ref.location}: ")
         return Prepared(ref, error=f"{ref.location}: unreadable: {cause}")
