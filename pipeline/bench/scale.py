@@ -92,6 +92,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engines", type=engine_names, default="local",
                         help="with --extract-sizes: the engines to run, comma-separated (local, "
                         "ray; default: local)")
+    parser.add_argument("--extract-from", choices=("disk", "s3", "both"), default="disk",
+                        help="with --extract-sizes: extract the roots on the local disk (a whole "
+                        "run, a killed one resumed, verify and export-tsv), from the S3 server "
+                        "(a whole run, with the requests it made: needs --s3), or both")
     parser.add_argument("--corpus-pairs", metavar="SIZES", type=url_counts,
                         help="also read LXMERT-shaped corpora of these pair counts (51 an image; "
                         "LXMERT's is 9180000) as pretraining does (pipeline/bench/scale_corpus.py)")
@@ -311,16 +315,30 @@ class S3Server:
         """`measure` in a fresh process, with the requests the server saw meanwhile."""
         with self.recording() as requests:
             numbers = _child(root, env=self.env)
-        ranges = [RANGE.search(r["headers"].get("Range", "")) for r in requests]
-        numbers["requests"] = len(requests)
-        numbers["requests_by_method"] = {m: sum(r["method"] == m for r in requests)
-                                         for m in sorted({r["method"] for r in requests})}
-        numbers["bytes_read"] = sum(int(m[2]) - int(m[1]) + 1 for m in ranges if m)
-        return numbers
+        return {**numbers, **_counted(requests)}
+
+    def measure_extract(self, root: str, out: Path, engine: str) -> dict:
+        """A whole extraction of `root` (a URL on this server) into the local folder `out`, in a
+        fresh process, with the requests it made."""
+        import shutil
+
+        shutil.rmtree(out, ignore_errors=True)
+        with self.recording() as requests:
+            numbers = _child("extract", root, str(out), engine, env=self.env)
+        return {**numbers, **_counted(requests)}
 
     def close(self) -> None:
         self.process.terminate()
         self.process.wait(timeout=30)
+
+
+def _counted(requests: list[dict]) -> dict:
+    """Requests (in all and by method) and the bytes their ranges asked for."""
+    ranges = [RANGE.search(r["headers"].get("Range", "")) for r in requests]
+    return {"requests": len(requests),
+            "requests_by_method": {m: sum(r["method"] == m for r in requests)
+                                   for m in sorted({r["method"] for r in requests})},
+            "bytes_read": sum(int(m[2]) - int(m[1]) + 1 for m in ranges if m)}
 
 
 def exponents(rows: list[dict], costs: list[str] = COSTS) -> dict[str, float]:
@@ -382,6 +400,20 @@ def _extract_table(engine: str, rows: list[dict], fitted: dict) -> str:
     return "\n".join(lines)
 
 
+def _extract_s3_table(block: dict) -> str:
+    lines = [f"{block['engine']} engine, whole runs from S3 (moto), shards written locally",
+             f"{'urls':>10} {'images':>9} {'wall s':>8} {'img/s':>7} {'GETs':>8} "
+             f"{'GETs/image':>10} {'MB read':>8}"]
+    for r in block["rows"]:
+        gets = r["requests_by_method"].get("GET", 0)
+        lines.append(f"{r['urls']:>10,} {r['extracted']:>9,} {r['wall_s']:>8.1f} "
+                     f"{r['extracted'] / r['wall_s']:>7.0f} {gets:>8,} "
+                     f"{gets / r['extracted']:>10.3f} {r['bytes_read'] / 1e6:>8.1f}")
+    lines.append("fitted exponent k: " + ", ".join(
+        f"{cost} {k:.2f}" for cost, k in block["exponents"].items()))
+    return "\n".join(lines)
+
+
 def _plot(results: dict, path: str, before: dict | None = None) -> None:
     import matplotlib
 
@@ -410,6 +442,9 @@ def _plot(results: dict, path: str, before: dict | None = None) -> None:
 
 def run(args: argparse.Namespace) -> int:
     before = None
+    if args.extract_from != "disk" and not (args.s3 and args.extract_sizes):
+        raise SystemExit(f"bench scale: --extract-from {args.extract_from} extracts from the S3 "
+                         "server: give --s3 and --extract-sizes too")
     if args.before:  # checked first: the runs take minutes
         if not args.plot:
             raise SystemExit("bench scale: --before draws an earlier run beside this one: give "
@@ -423,20 +458,33 @@ def run(args: argparse.Namespace) -> int:
     work = Path(args.work)
     roots = {urls: make_root(work / f"cc3m_{urls}", urls) for urls in sizes}
     results = {"local": {"rows": [{"urls": urls, **_child(str(roots[urls]))} for urls in sizes]}}
+    extracted_s3 = {}
     if args.s3:
         server = S3Server(work)
         try:
-            rows = []
-            for urls in sizes:
-                url = server.upload(roots[urls], f"scale-{urls}")
-                rows.append({"urls": urls, **server.measure(url)})
-            results["s3"] = {"rows": rows}
+            urls_of = {urls: server.upload(roots[urls], f"scale-{urls}") for urls in sizes}
+            results["s3"] = {"rows": [{"urls": urls, **server.measure(urls_of[urls])}
+                                      for urls in sizes]}
+            for engine in args.engines if args.extract_from != "disk" else ():
+                rows = []
+                for urls in args.extract_sizes:
+                    if urls not in urls_of:
+                        urls_of[urls] = server.upload(make_root(work / f"cc3m_{urls}", urls),
+                                                      f"scale-{urls}")
+                    rows.append({"urls": urls, **server.measure_extract(
+                        urls_of[urls], work / f"feats_{urls}_{engine}_s3", engine)})
+                extracted_s3[f"extract_s3_{engine}"] = {
+                    "engine": engine, "rows": rows,
+                    "exponents": exponents(rows, ["wall_s", "requests", "bytes_read"])}
         finally:
             server.close()
     for storage, block in results.items():
         block["exponents"] = exponents(block["rows"])
         print(_table(storage, block["rows"], block["exponents"]))
-    if args.extract_sizes:
+    for block in extracted_s3.values():
+        print(_extract_s3_table(block))
+    results.update(extracted_s3)
+    if args.extract_sizes and args.extract_from != "s3":
         for engine in args.engines:
             rows = [extract_row(make_root(work / f"cc3m_{urls}", urls), work, urls, engine)
                     for urls in args.extract_sizes]
