@@ -14,3 +14,18 @@ def test_the_lxmert_shaped_corpus_reads_back_every_pair(tmp_path):
     pairs = load_pairs(corpus, ["train"])["coco-3"]
     assert [p.source for p in pairs] == ["mscoco"] * 5 + ["vg"] * 10 + ["vqa"] * 36
     assert all(len(p.answers) in (1, 2) for p in pairs if p.source == "vqa")
+
+
+def test_a_pretraining_runs_driver_and_first_worker_at_a_small_size(tmp_path):
+    """3,500 images (51 pairs each) and 500 minival ones in 4 shards of 1,000, one per worker:
+    the steps are those of the worker with the fewest pairs (the last shard's 500 training
+    images: 25,500 pairs, 398 batches of 64)."""
+    from pipeline.bench.scale_pretrain import make_pretrain_world, measure_driver, measure_worker
+    from shards.reader import list_shards
+
+    world = make_pretrain_world(tmp_path / "world", 3500)
+    assert len(list_shards(world / "shards")) == 4
+    driver, worker = measure_driver(str(world)), measure_worker(str(world))
+    assert driver["seconds"] > 0 and driver["mb"] >= 0
+    assert (worker["pairs"], worker["steps_in_epoch"]) == (64, 25_500 // 64)
+    assert 700 < worker["module_mb"] < 900  # LXMERT at paper size, float32

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from pipeline.bench.scale import S3Server, exponents, make_root, url_counts
+from pipeline.bench.scale import S3Server, engine_names, exponents, make_root, url_counts
 from pipeline.datasets import DatasetError, list_images
 from pipeline.datasets import tar_index as tar_index_module
 from pipeline.datasets.cc3m import _scanned_images
@@ -119,6 +119,17 @@ def test_sizes_are_url_counts():
     for bad in ("abc", "0", "10,", ""):
         with pytest.raises(argparse.ArgumentTypeError, match=f"got {bad!r}"):
             url_counts(bad)
+
+
+def test_engines_are_named_and_extracting_from_s3_needs_the_server(capsys):
+    from pipeline.cli import main
+
+    assert engine_names("ray,local") == ["ray", "local"]
+    with pytest.raises(argparse.ArgumentTypeError, match="among local, ray"):
+        engine_names("local,spark")
+    with pytest.raises(SystemExit, match="--extract-from s3 extracts from the S3 server: give "
+                                         "--s3 and --extract-sizes too"):
+        main(["bench", "scale", "--sizes", "10", "--extract-from", "s3"])
 
 
 def test_the_listing_and_the_plan_hold_no_object_per_image(tmp_path):

@@ -24,7 +24,7 @@ from pipeline.cli import main
 from pipeline.common.config import ConfigError
 from pipeline.datasets import list_images
 from pipeline.extract.config import EngineConfig
-from pipeline.extract.ray_engine import RayLayout, plan_layout
+from pipeline.extract.ray_engine import RayEngine, RayLayout, plan_layout
 from progress_bars import RecordingBar
 from shards.reader import iter_samples
 from shards.verify import verify_shards
@@ -235,9 +235,12 @@ def test_layout_defaults_follow_the_cluster():
 
 
 @pytest.mark.ray
-def test_a_cc3m_download_with_given_boxes_is_read_by_ray_as_by_the_local_engine(tmp_path):
+def test_a_cc3m_download_with_given_boxes_is_read_by_ray_as_by_the_local_engine(tmp_path,
+                                                                               monkeypatch):
     """Ray's decoders take their images from the run's inputs, put into the object store once:
-    img2dataset's tars listed as arrays (each decoder finds the offsets) and the given boxes."""
+    img2dataset's tars listed as arrays (each decoder finds the offsets) and the given boxes; 18
+    units in 4 of Ray's blocks (as a run of more than MAX_BLOCKS units has them)."""
+    monkeypatch.setattr(RayEngine, "MAX_BLOCKS", 4)
     root = make_root(tmp_path / "cc3m", 40, per_tar=20)  # 36 images in two tars
     ids = [ref.image_id for ref in list_images("cc3m", str(root))]
     boxes = {image_id: [[2, 2, 20 + i % 10, 24]] for i, image_id in enumerate(ids) if i != 5}
