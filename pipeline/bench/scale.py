@@ -10,10 +10,12 @@ server (moto's, which counts every request it serves), a fresh process lists the
 does, and reports wall time, the process's memory before and at its peak, the bytes it read
 (local: the kernel's count; S3: the sum of the byte ranges it asked for) and the requests. The
 costs are fitted to `a * n ** k` over the sizes: k is the exponent reported. With
---extract-sizes, those roots are also extracted by the local engine with a tiny random detector:
-a whole run; a run killed once half its shards are written, then resumed (time to its first new
-unit; records and sample digests against the whole run); `shards verify` and `export-tsv` of the
-whole run's shards.
+--extract-sizes, those roots are also extracted by each of --engines with a tiny random detector:
+from the disk a whole run, a run killed once half its shards are written, then resumed (time to
+its first new unit; records and sample digests against the whole run), `shards verify` and
+`export-tsv` of the whole run's shards; from the S3 server (--extract-from) a whole run with the
+requests it made. --corpus-pairs, --feed-batches and --pretrain-images measure pretraining's
+data at LXMERT's size (scale_corpus.py, scale_pretrain.py).
 
 The roots are kept in --work and reused by later runs of the same sizes.
 """
@@ -86,9 +88,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--s3", action="store_true",
                         help="also on a local S3 server (needs moto: uv sync --extra test)")
     parser.add_argument("--extract-sizes", metavar="SIZES", type=url_counts,
-                        help="also extract roots of these url counts with the local engine and a "
-                        "tiny random detector (TINY_DETECTOR), whole, then again killed at half "
-                        "its shards and resumed (e.g. 1000,10000,100000)")
+                        help="also extract roots of these url counts with --engines and a tiny "
+                        "random detector (TINY_DETECTOR), whole, then again killed at half its "
+                        "shards and resumed (e.g. 1000,10000,100000)")
     parser.add_argument("--engines", type=engine_names, default="local",
                         help="with --extract-sizes: the engines to run, comma-separated (local, "
                         "ray; default: local)")
