@@ -48,7 +48,8 @@ def make_pretrain_world(folder: Path, images: int) -> Path:
     with (corpus / "train.jsonl").open("w") as train, \
             (corpus / "minival.jsonl").open("w") as minival:
         for image in range(total):
-            (train if image < images else minival).write(json.dumps(corpus_record(image, rng)) + "\n")
+            split = train if image < images else minival
+            split.write(json.dumps(corpus_record(image, rng)) + "\n")
     boxes = np.tile(np.array([[8.0, 8.0, 120.0, 90.0]], np.float32), (REGIONS, 1))
     labels = np.arange(REGIONS) % 1600
     for start in range(0, total, IMAGES_PER_SHARD):
