@@ -29,3 +29,16 @@ def test_a_pretraining_runs_driver_and_first_worker_at_a_small_size(tmp_path):
     assert driver["seconds"] > 0 and driver["mb"] >= 0
     assert (worker["pairs"], worker["steps_in_epoch"]) == (64, 25_500 // 64)
     assert 700 < worker["module_mb"] < 900  # LXMERT at paper size, float32
+
+
+def test_too_few_pretraining_images_for_a_shard_per_worker_are_refused():
+    import argparse
+
+    import pytest
+
+    from pipeline.bench.scale import pretrain_images
+
+    assert pretrain_images("3500") == 3500
+    for bad in ("3499", "many"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"at least 3,500 images .*{bad!r}"):
+            pretrain_images(bad)

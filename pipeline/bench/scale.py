@@ -79,6 +79,18 @@ def engine_names(text: str) -> list[str]:
     return names
 
 
+def pretrain_images(text: str) -> int:
+    """--pretrain-images N: enough images for a shard per worker; an argparse error otherwise."""
+    from pipeline.bench.scale_pretrain import IMAGES_PER_SHARD, MINIVAL, WORKERS
+
+    least = WORKERS * IMAGES_PER_SHARD - MINIVAL
+    if not text.isdigit() or int(text) < least:
+        raise argparse.ArgumentTypeError(f"expected at least {least:,} images (a shard of "
+                                         f"{IMAGES_PER_SHARD:,} for each of {WORKERS} workers, "
+                                         f"the minival split's {MINIVAL} included); got {text!r}")
+    return int(text)
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sizes", type=url_counts, default="10000,100000,1000000",
                         help="comma-separated url counts (default: 10000,100000,1000000)")
@@ -104,7 +116,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feed-batches", metavar="N", type=int, default=0,
                         help="also build N of LXMERT's training batches (256 pairs, 36 x 2048 "
                         "float16 features) in one process, as a data worker does")
-    parser.add_argument("--pretrain-images", metavar="N", type=int, default=0,
+    parser.add_argument("--pretrain-images", metavar="N", type=pretrain_images, default=0,
                         help="also time a pretraining run's driver and its first worker before "
                         "the first step, over N images' shards and 51 pairs an image (LXMERT's: "
                         "180000; pipeline/bench/scale_pretrain.py)")
