@@ -71,7 +71,11 @@ class ImageRef:
         if self.member is None:
             return self.path.read_bytes()
         offset, length = self.data_range()
-        data = read_range(self.path, offset, length)
+        return self.whole_member(read_range(self.path, offset, length), length)
+
+    def whole_member(self, data: bytes, length: int) -> bytes:
+        """`data`, read from the member's offset, if it holds the member's `length` bytes;
+        OSError naming where the archive ends otherwise."""
         if len(data) != length:
             raise OSError(f"{self.location}: archive ends after {len(data)} of {length} bytes")
         return data

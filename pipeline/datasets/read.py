@@ -23,31 +23,34 @@ def read_images(refs: Sequence[ImageRef]) -> list[bytes | OSError]:
     found: list[bytes | OSError | None] = [None] * len(refs)
     ranges = []  # (archive, offset, length, index) of the members
     for i, ref in enumerate(refs):
+        if ref.member is None:
+            found[i] = _read_alone(ref)
+            continue
         try:
-            if ref.member is None:
-                found[i] = ref.path.read_bytes()
-            else:
-                ranges.append((str(ref.path), *ref.data_range(), i))
+            ranges.append((str(ref.path), *ref.data_range(), i))
         except OSError as err:
             found[i] = err
-    for archive_ref, start, stop, members in _groups(refs, sorted(ranges)):
+    for start, stop, members in _groups(sorted(ranges)):
+        archive = refs[members[0][2]].path
         try:
-            data = read_range(archive_ref.path, start, stop - start)
+            data = read_range(archive, start, stop - start)
         except OSError:  # each member read alone, for its own error
             for _, _, i in members:
                 found[i] = _read_alone(refs[i])
             continue
         for offset, length, i in members:
-            piece = data[offset - start:offset - start + length]
-            found[i] = piece if len(piece) == length else OSError(
-                f"{refs[i].location}: archive ends after {len(piece)} of {length} bytes")
+            try:
+                found[i] = refs[i].whole_member(data[offset - start:offset - start + length],
+                                                length)
+            except OSError as err:
+                found[i] = err
     return found
 
 
-def _groups(refs: Sequence[ImageRef], ranges: list[tuple[str, int, int, int]]) -> list:
-    """Sorted member ranges cut into requests: (a ref of the archive, start, stop, [(offset,
-    length, index)]), each of one archive, gaps of at most MAX_GAP, spans of at most MAX_SPAN."""
-    groups: list = []
+def _groups(ranges: list[tuple[str, int, int, int]]) -> list[tuple[int, int, list]]:
+    """Sorted member ranges cut into requests: (start, stop, [(offset, length, index)]), each of
+    one archive, with gaps of at most MAX_GAP and spans of at most MAX_SPAN."""
+    groups: list = []  # [archive, start, stop, members]
     for archive, offset, length, i in ranges:
         if groups:
             last = groups[-1]
@@ -57,7 +60,7 @@ def _groups(refs: Sequence[ImageRef], ranges: list[tuple[str, int, int, int]]) -
                 last[3].append((offset, length, i))
                 continue
         groups.append([archive, offset, offset + length, [(offset, length, i)]])
-    return [(refs[members[0][2]], start, stop, members) for _, start, stop, members in groups]
+    return [(start, stop, members) for _, start, stop, members in groups]
 
 
 def _read_alone(ref: ImageRef) -> bytes | OSError:
