@@ -130,6 +130,8 @@ def test_engines_are_named_and_extracting_from_s3_needs_the_server(capsys):
     with pytest.raises(SystemExit, match="--extract-from s3 extracts from the S3 server: give "
                                          "--s3 and --extract-sizes too"):
         main(["bench", "scale", "--sizes", "10", "--extract-from", "s3"])
+    with pytest.raises(SystemExit, match="--work /proc/none: cannot make it"):
+        main(["bench", "scale", "--sizes", "10", "--work", "/proc/none"])
 
 
 def test_the_listing_and_the_plan_hold_no_object_per_image(tmp_path):

@@ -470,6 +470,10 @@ def run(args: argparse.Namespace) -> int:
                              f"earlier run ({err})") from None
     sizes = args.sizes
     work = Path(args.work)
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SystemExit(f"bench scale: --work {work}: cannot make it ({err.strerror})") from None
     roots = {urls: make_root(work / f"cc3m_{urls}", urls) for urls in sizes}
     results = {"local": {"rows": [{"urls": urls, **_child(str(roots[urls]))} for urls in sizes]}}
     extracted_s3 = {}
