@@ -20,7 +20,7 @@ from pipeline.datasets import DatasetError, list_images
 from pipeline.datasets import tar_index as tar_index_module
 from pipeline.datasets.cc3m import _scanned_images
 from pipeline.datasets.image_array import ArchiveImages, ImageArray
-from pipeline.datasets.tar_index import member_range
+from pipeline.datasets.tar_index import TarIndexes, index_tar, member_range
 
 
 @pytest.fixture(scope="module")
@@ -61,18 +61,15 @@ def test_a_member_the_tar_lacks_is_an_error_for_that_image_only(tmp_path):
             if member.name != refs[3].member:
                 new.addfile(member, old.extractfile(member))
     tar_path.write_bytes(data.getvalue())
-    tar_index_module._indexes.clear()
+    tar_index_module.index_with(tar_index_module.index_tar)  # none kept
     with pytest.raises(OSError, match=f"{tar_path}: no member {refs[3].member} "):
         refs[3].read_bytes()
     assert refs[4].read_bytes()[:2] == b"\xff\xd8"  # a JPEG
 
 
-def test_each_tar_is_indexed_once_per_process(small, monkeypatch):
-    tar_index_module._indexes.clear()
+def test_each_tar_is_indexed_once_per_process(small):
     calls = []
-    index = tar_index_module.index_tar
-    monkeypatch.setattr(tar_index_module, "index_tar",
-                        lambda path: calls.append(path.name) or index(path))
+    tar_index_module.index_with(lambda path: calls.append(path.name) or index_tar(path))
     refs = list_images("cc3m", str(small))
     threads = [threading.Thread(target=lambda part: [r.read_bytes() for r in part],
                                 args=(refs[i::4],)) for i in range(4)]
@@ -84,6 +81,38 @@ def test_each_tar_is_indexed_once_per_process(small, monkeypatch):
     offset, length = member_range(refs[0].path, refs[0].member)  # kept: no third index
     assert len(calls) == 2
     assert refs[0].path.read_bytes()[offset:offset + length] == refs[0].read_bytes()
+    tar_index_module.index_with(index_tar)
+
+
+def test_tar_indexes_make_each_once_side_by_side_and_keep_the_last_ones():
+    """Threads asking for one tar wait for one index; a tar's index does not wait for another's
+    (tar "a" is made only once "b" has started); the least recently asked is dropped first."""
+    started_b = threading.Event()
+    made = []
+
+    def make(path):
+        made.append(path)
+        if path == "a":
+            assert started_b.wait(timeout=10), "tar a's index waited for tar b's"
+        else:
+            started_b.set()
+        return {f"{path}.jpg": (512, 1)}
+
+    indexes = TarIndexes(2, make)
+    found = {}
+    threads = [threading.Thread(target=lambda p, i: found.__setitem__(i, indexes.index(p)),
+                                args=(path, i)) for i, path in enumerate("aaab")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(made) == ["a", "b"]
+    assert [found[i] for i in range(4)] == [{"a.jpg": (512, 1)}] * 3 + [{"b.jpg": (512, 1)}]
+    indexes.index("a")  # b is now the least recently asked
+    indexes.index("c")
+    indexes.index("a")
+    indexes.index("b")
+    assert made == made[:2] + ["c", "b"]
 
 
 def test_listing_on_s3_costs_the_same_requests_whatever_the_images_per_tar(tmp_path):

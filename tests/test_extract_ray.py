@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -260,3 +261,45 @@ def test_a_cc3m_download_with_given_boxes_is_read_by_ray_as_by_the_local_engine(
     assert [s["image_id"] for s in failed] == [ids[5]] and "no boxes given" in failed[0]["error"]
     samples = {s.meta["image_id"]: s for s in iter_samples(tmp_path / "ray")}
     np.testing.assert_array_equal(samples[ids[7]].arrays["boxes"], np.float32(boxes[ids[7]]))
+
+
+@pytest.mark.ray
+def test_decoders_share_one_index_of_each_tar_on_s3(s3, tmp_path, monkeypatch):
+    """Three decoders read the tars of a download on moto's S3, yet each tar is read from its
+    start twice only: its head by the listing and its index pass by the shared indexer (before,
+    once by each decoder that read from it). A third tar, gone after the listing, fails each of
+    its images with the error the local engine gives; the samples equal the local engine's."""
+    import ray
+    from upath import UPath
+
+    root = make_root(tmp_path / "cc3m", 300, per_tar=100)
+    url = s3.upload(root, "shared-index")
+    lost = UPath(f"{url}/00002.tar")
+
+    def listed_then_lost(dataset, where):
+        refs = list_images(dataset, where)
+        lost.unlink()
+        return refs
+
+    monkeypatch.setattr(pipeline.extract.job, "list_images", listed_then_lost)
+    tiny = [*TINY, "--batch-size", "6", "--set", "output.shard_size=30"]
+    lost.write_bytes((root / "00002.tar").read_bytes())
+    assert main(["extract", "--dataset", "cc3m", "--root", url, "--out",
+                 str(tmp_path / "local"), *tiny, "--engine", "local"]) == 0
+    lost.write_bytes((root / "00002.tar").read_bytes())
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR")
+    try:
+        with s3.recording() as requests:
+            assert main(["extract", "--dataset", "cc3m", "--root", url, "--out",
+                         str(tmp_path / "ray"), *tiny, "--engine", "ray",
+                         "--set", "run.decoders=3"]) == 0
+    finally:
+        ray.shutdown()
+    outcome = _outcome(tmp_path / "ray")
+    assert outcome == _outcome(tmp_path / "local")
+    failed = [s for shard in outcome.values() for s in shard["status"] if s["status"] == "failed"]
+    assert len(failed) == 90 and all("00002.tar" in s["error"] for s in failed)
+    from_start = Counter(r["url"].rsplit("/", 1)[1] for r in requests if r["method"] == "GET"
+                         and r["headers"].get("Range", "").startswith("bytes=0-"))
+    assert {name: n for name, n in from_start.items() if name.endswith(".tar")} == {
+        "00000.tar": 2, "00001.tar": 2, "00002.tar": 1}

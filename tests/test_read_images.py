@@ -18,7 +18,7 @@ from pipeline.extract.plan import plan_shards, plan_units
 @pytest.fixture
 def root(tmp_path):
     """2 tars of 30 urls (27 images each)."""
-    tar_index_module._indexes.clear()
+    tar_index_module.index_with(tar_index_module.index_tar)  # none kept
     return make_root(tmp_path / "root", 60, per_tar=30)
 
 
@@ -97,12 +97,12 @@ def test_reading_a_download_on_s3_costs_a_request_per_unit_not_per_image(s3, tmp
     """Two tars of 500 urls, read in units of 64 as `pipeline extract` plans them: GETs for the
     units and each tar's index, against one GET per image read alone."""
     url = s3.upload(make_root(tmp_path / "root", 1000, per_tar=500), "reading")
-    tar_index_module._indexes.clear()
+    tar_index_module.index_with(tar_index_module.index_tar)  # none kept
     refs = list_images("cc3m", url)
     units = plan_units(refs, plan_shards(len(refs), 1000), 64)
     with s3.recording() as together:
         found = [read_images(unit.refs) for unit in units]
-    tar_index_module._indexes.clear()
+    tar_index_module.index_with(tar_index_module.index_tar)  # none kept
     with s3.recording() as alone:
         separately = [[ref.read_bytes() for ref in unit.refs] for unit in units]
     assert found == separately and len(refs) == 900 and len(units) == 15

@@ -14,7 +14,9 @@ block boundaries or on where an earlier run stopped, and results come back in pl
 image list, each unit's range of it, the given boxes), and the rows start as unit numbers
 (`ray.data.range`, read by the decode tasks themselves): the driver holds no per-unit object
 beyond the plan, and a decoder process takes its refs from the inputs it fetched once (the image
-list of img2dataset's tars is a few numpy arrays, read in place from the object store). Rows then
+list of img2dataset's tars is a few numpy arrays, read in place from the object store). The
+decoders index img2dataset's tars through one shared indexer (a `TarIndexes` actor), so that each
+tar is read through once, not once per decoder that reads from it. Rows then
 are {"unit": index into the driver's unit list, "payload": bytes}, the payload pickled between our
 own processes: list[Prepared] decoded -> (list[Prepared] detected, stage seconds); a detected row
 also names the node (IP) whose actor detected it, so a run on a cluster records where its work
@@ -47,8 +49,9 @@ import torch
 from extractor.config import PreprocessConfig
 from pipeline.common.config import ConfigError
 from pipeline.common.ray_session import ray_session
-from pipeline.datasets import ImageRef
+from pipeline.datasets import ImageRef, tar_index
 from pipeline.datasets.read import read_images
+from pipeline.datasets.tar_index import Index, TarIndexes, index_tar
 from pipeline.extract.config import EngineConfig, ExtractJobConfig
 from pipeline.extract.output import ShardSink
 from pipeline.extract.plan import Unit
@@ -116,26 +119,40 @@ class UnitInputs:
 _fetched: dict[str, UnitInputs] = {}  # a decoder process's current run's inputs, by object id
 
 
-def _inputs(ref) -> UnitInputs:
-    """The run's inputs, fetched once per decoder process (Ray reuses a process for many tasks)."""
+def _inputs(ref, indexer) -> UnitInputs:
+    """The run's inputs, fetched once per decoder process (Ray reuses a process for many tasks),
+    which from then on indexes tars through the run's shared `indexer`."""
     key = ref.hex()
     if key not in _fetched:
         import ray
 
         _fetched.clear()  # an earlier run's, in a process Ray kept
         _fetched[key] = ray.get(ref)
+        tar_index.index_with(lambda tar_path: _shared_index(ray, indexer, tar_path))
     return _fetched[key]
 
 
+def _shared_index(ray, indexer, tar_path) -> Index:
+    """The shared indexer's index of the tar; its OSError (an unreadable tar) as itself, so that
+    each image's error reads as when its process indexes the tar."""
+    try:
+        return ray.get(indexer.index.remote(tar_path))
+    except ray.exceptions.RayTaskError as err:
+        if isinstance(err.cause, OSError):
+            raise err.cause from None
+        raise
+
+
 def decode_unit(
-    row: dict, inputs, preprocess: PreprocessConfig, keep_bytes: bool, device_resize: bool
+    row: dict, inputs, indexer, preprocess: PreprocessConfig, keep_bytes: bool,
+    device_resize: bool,
 ) -> dict:
     """Decode stage: unit number `row["id"]` -> its list[Prepared] (bad images as errors), its
     images read together (read_images: one request per run of neighbouring tar members).
-    inputs: the ObjectRef of the run's UnitInputs. device_resize: the actors detect on GPUs,
-    which resize where they can (see prepare)."""
+    inputs: the ObjectRef of the run's UnitInputs; indexer: its TarIndexes actor. device_resize:
+    the actors detect on GPUs, which resize where they can (see prepare)."""
     unit = int(row["id"])
-    run = _inputs(inputs)
+    run = _inputs(inputs, indexer)
     start, stop = run.bounds[unit]
     refs = run.images[start:stop]
     items = [prepare(ref, preprocess, run.given_boxes, keep_bytes, device_resize, data)
@@ -190,9 +207,13 @@ class RayEngine:
     MAX_BLOCKS: Ray Data plans a task per block, at ~1.6 ms and ~11 KB of the driver's memory
     each (112,500 blocks: 3 minutes and 1.3 GB before the first unit), so a run of more units
     than this puts several units into a block, which a decoder then decodes in turn.
+
+    SHARED_TARS: the tars' indexes the shared indexer keeps (an img2dataset tar of 10,000 urls:
+    about 3 MB); the decoders read from a few tars at a time, in the plan's order.
     """
 
     MAX_BLOCKS = 2048
+    SHARED_TARS = 32
 
     def __init__(
         self, job: ExtractJobConfig, weights: str | None, detector: dict,
@@ -246,6 +267,10 @@ class RayEngine:
         logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # ours: tqdm
         bounds = np.array([(unit.start, unit.stop) for unit in units], np.int64)
         inputs = ray.put(UnitInputs(units[0].images, bounds, self.given_boxes))
+        # Threaded (a call per decoder at once), no CPU of its own: it waits on reads mostly.
+        indexer = ray.remote(TarIndexes).options(
+            num_cpus=0, max_concurrency=layout.decoders, max_restarts=-1, max_task_retries=-1
+        ).remote(self.SHARED_TARS, index_tar)
         preprocess = self.job.preprocess
         # A decoder holds a worker (Python, torch: about 0.5 GiB), one image of up to max_pixels
         # (uint8 BGR) and its resized float32 copy. Declaring that memory also keeps Ray Data from
@@ -258,7 +283,7 @@ class RayEngine:
             ray.data.range(len(units), override_num_blocks=min(len(units), self.MAX_BLOCKS))
             .map(
                 decode_unit,
-                fn_kwargs={"inputs": inputs, "preprocess": preprocess,
+                fn_kwargs={"inputs": inputs, "indexer": indexer, "preprocess": preprocess,
                            "keep_bytes": self.job.output.keep_images,
                            "device_resize": layout.gpus_per_actor > 0},
                 compute=TaskPoolStrategy(size=layout.decoders),
