@@ -15,7 +15,8 @@ from the disk a whole run, a run killed once half its shards are written, then r
 its first new unit; records and sample digests against the whole run), `shards verify` and
 `export-tsv` of the whole run's shards; from the S3 server (--extract-from) a whole run with the
 requests it made. --corpus-pairs, --feed-batches and --pretrain-images measure pretraining's
-data at LXMERT's size (scale_corpus.py, scale_pretrain.py).
+data at LXMERT's size (scale_corpus.py, scale_pretrain.py), --build-images the building of its
+corpus from the raw annotation files (scale_build.py).
 
 The roots are kept in --work and reused by later runs of the same sizes.
 """
@@ -113,6 +114,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus-pairs", metavar="SIZES", type=url_counts,
                         help="also read LXMERT-shaped corpora of these pair counts (51 an image; "
                         "LXMERT's is 9180000) as pretraining does (pipeline/bench/scale_corpus.py)")
+    parser.add_argument("--build-images", metavar="SIZES", type=url_counts,
+                        help="also build LXMERT-shaped corpora from raw annotation files of these "
+                        "image counts (LXMERT's: 180000) with `pipeline corpus build` "
+                        "(pipeline/bench/scale_build.py)")
     parser.add_argument("--feed-batches", metavar="N", type=int, default=0,
                         help="also build N of LXMERT's training batches (256 pairs, 36 x 2048 "
                         "float16 features) in one process, as a data worker does")
@@ -517,6 +522,14 @@ def run(args: argparse.Namespace) -> int:
         fitted = exponents([{**r, "urls": r["pairs"]} for r in rows], CORPUS_COSTS)
         results["corpus"] = {"rows": rows, "exponents": fitted}
         print(corpus_table(rows, fitted))
+    if args.build_images:
+        from pipeline.bench.scale_build import BUILD_COSTS, build_table, make_annotations
+
+        rows = [_child("build", str(make_annotations(work / f"build_{images}", images)))
+                for images in args.build_images]
+        fitted = exponents([{**r, "urls": r["images"]} for r in rows], BUILD_COSTS)
+        results["build"] = {"rows": rows, "exponents": fitted}
+        print(build_table(rows, fitted))
     if args.feed_batches:
         from pipeline.bench.scale_corpus import make_feed_world
 
@@ -544,10 +557,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _measured(argv: list[str]) -> dict:
     """What a fresh process (`_child`) measures: `VERB ARGS`, or `ROOT` to list and plan."""
-    from pipeline.bench import scale_corpus, scale_pretrain
+    from pipeline.bench import scale_build, scale_corpus, scale_pretrain
 
     verbs = {"extract": measure_extract, "shards": measure_shards,
-             "corpus": scale_corpus.measure_corpus,
+             "corpus": scale_corpus.measure_corpus, "build": scale_build.measure_build,
              "feed": lambda world, batches: scale_corpus.measure_feed(world, int(batches)),
              "pretrain-driver": scale_pretrain.measure_driver,
              "pretrain-worker": scale_pretrain.measure_worker}
