@@ -209,7 +209,8 @@ class RayEngine:
     than this puts several units into a block, which a decoder then decodes in turn.
 
     SHARED_TARS: the tars' indexes the shared indexer keeps (an img2dataset tar of 10,000 urls:
-    about 3 MB); the decoders read from a few tars at a time, in the plan's order.
+    27,000 members, about 6 MB held, 0.7 MB sent to a decoder); the decoders read from a few
+    tars at a time, in the plan's order.
     """
 
     MAX_BLOCKS = 2048
