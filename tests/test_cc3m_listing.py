@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gc
 import io
+import json
 import logging
 import tarfile
 import threading
@@ -201,3 +202,33 @@ def test_images_of_several_archives_are_sorted_by_id_and_a_repeated_id_is_named(
         ImageArray("cc3m", [archive("a.tar", [b"000000002"], 0),
                             archive("c.tar", [b"000000002"], 0)])
 
+
+
+def test_the_summary_merges_runs_by_size_and_draws_what_they_measured(tmp_path):
+    """Two runs' --json files: a size measured in both counts once, the later file's; a cost a
+    row did not measure is left out; the picture is written; a missing --from or a file that is
+    not JSON is one line."""
+    from pipeline.bench.scale_plot import merged_rows, series
+    from pipeline.cli import main
+
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps({"local": {"rows": [{"urls": 10, "list_s": 1.0},
+                                                    {"urls": 100, "list_s": 9.0}]},
+                                 "feed": {"pairs": 5}}))
+    second.write_text(json.dumps({"local": {"rows": [{"urls": 100, "list_s": 10.0},
+                                                     {"urls": 1000, "list_s": None}]},
+                                  "build": {"rows": [{"sentences": 50, "wall_s": 2.0}]}}))
+    blocks = merged_rows([str(first), str(second)])
+    assert blocks["local"] == [{"urls": 10, "list_s": 1.0}, {"urls": 100, "list_s": 10.0},
+                               {"urls": 1000, "list_s": None}]
+    assert series(blocks["local"], "urls", lambda row: row.get("list_s")) == [(10, 1.0),
+                                                                              (100, 10.0)]
+    assert set(blocks) == {"local", "build"}
+    png = tmp_path / "summary.png"
+    assert main(["bench", "scale", "--summary", str(png), "--from", f"{first},{second}"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="--summary PNG draws the --from JSON files: give both"):
+        main(["bench", "scale", "--summary", str(png)])
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(SystemExit, match=f"--from {tmp_path}/bad.json: not a --json file"):
+        main(["bench", "scale", "--summary", str(png), "--from", str(tmp_path / "bad.json")])

@@ -129,6 +129,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="PNG", help="draw each cost against the size")
     parser.add_argument("--before", metavar="JSON", help="with --plot: an earlier run's --json, "
                         "drawn dashed beside this one (before and after a change)")
+    parser.add_argument("--summary", metavar="PNG", help="measure nothing: draw every cost of the "
+                        "--from files against the size, in one picture (scale_plot.py)")
+    parser.add_argument("--from", dest="summary_from", metavar="JSON,...",
+                        type=lambda text: text.split(","),
+                        help="with --summary: earlier runs' --json files, comma-separated")
 
 
 def tiny_jpeg() -> bytes:
@@ -460,6 +465,8 @@ def _plot(results: dict, path: str, before: dict | None = None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.summary or args.summary_from:
+        return _summary(args.summary, args.summary_from)
     before = None
     if args.extract_from != "disk" and not (args.s3 and args.extract_sizes):
         raise SystemExit(f"bench scale: --extract-from {args.extract_from} extracts from the S3 "
@@ -552,6 +559,21 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
         _plot(results, args.plot, before)
+    return 0
+
+
+def _summary(png: str | None, paths: list[str] | None) -> int:
+    from pipeline.bench.scale_plot import plot_summary
+
+    if not (png and paths):
+        raise SystemExit("bench scale: --summary PNG draws the --from JSON files: give both")
+    for path in paths:
+        try:
+            json.loads(Path(path).read_text())
+        except (OSError, ValueError) as err:
+            raise SystemExit(f"bench scale --from {path}: not a --json file ({err})") from None
+    plot_summary(paths, png)
+    print(f"wrote {png}")
     return 0
 
 
