@@ -13,7 +13,9 @@ import pytest
 from pipeline.bench.scale import pretrain_images
 from pipeline.bench.scale_build import make_annotations, measure_build
 from pipeline.bench.scale_corpus import PER_IMAGE, make_corpus, measure_corpus
-from pipeline.bench.scale_pretrain import make_pretrain_world, measure_driver, measure_worker
+from pipeline.bench.scale_pretrain import (
+    make_pretrain_world, measure_driver, measure_worker, pretrain_row,
+)
 from pipeline.cli import main
 from pipeline.corpus.read import load_pairs
 from shards.reader import list_shards
@@ -38,12 +40,14 @@ def test_a_pretraining_runs_driver_and_first_worker_at_a_small_size(tmp_path):
     assert driver["seconds"] > 0 and driver["mb"] >= 0
     assert (worker["pairs"], worker["steps_in_epoch"]) == (64, 25_500 // 64)
     assert 700 < worker["module_mb"] < 900  # LXMERT at paper size, float32
+    row = pretrain_row(3500, driver, worker)
+    assert (row["pairs"], row["worker_data_mb"]) == (178_500, worker["mb"] - worker["module_mb"])
 
 
 def test_too_few_pretraining_images_for_a_shard_per_worker_are_refused():
-    assert pretrain_images("3500") == 3500
-    for bad in ("3499", "many"):
-        with pytest.raises(argparse.ArgumentTypeError, match=f"at least 3,500 images .*{bad!r}"):
+    assert pretrain_images("3500,180000") == [3500, 180000]
+    for bad in ("3499", "many", "3500,3499", "3500,"):
+        with pytest.raises(argparse.ArgumentTypeError, match=f"at least 3,500 .*{bad!r}"):
             pretrain_images(bad)
 
 

@@ -80,16 +80,19 @@ def engine_names(text: str) -> list[str]:
     return names
 
 
-def pretrain_images(text: str) -> int:
-    """--pretrain-images N: enough images for a shard per worker; an argparse error otherwise."""
+def pretrain_images(text: str) -> list[int]:
+    """--pretrain-images "3500,180000": comma-separated image counts, each enough for a shard per
+    worker; an argparse error otherwise."""
     from pipeline.bench.scale_pretrain import IMAGES_PER_SHARD, MINIVAL, WORKERS
 
     least = WORKERS * IMAGES_PER_SHARD - MINIVAL
-    if not text.isdigit() or int(text) < least:
-        raise argparse.ArgumentTypeError(f"expected at least {least:,} images (a shard of "
-                                         f"{IMAGES_PER_SHARD:,} for each of {WORKERS} workers, "
-                                         f"the minival split's {MINIVAL} included); got {text!r}")
-    return int(text)
+    counts = text.split(",")
+    if not all(count.isdigit() and int(count) >= least for count in counts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated image counts of at least "
+                                         f"{least:,} (a shard of {IMAGES_PER_SHARD:,} for each of "
+                                         f"{WORKERS} workers, the minival split's {MINIVAL} "
+                                         f"included); got {text!r}")
+    return [int(count) for count in counts]
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -121,10 +124,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--feed-batches", metavar="N", type=int, default=0,
                         help="also build N of LXMERT's training batches (256 pairs, 36 x 2048 "
                         "float16 features) in one process, as a data worker does")
-    parser.add_argument("--pretrain-images", metavar="N", type=pretrain_images, default=0,
+    parser.add_argument("--pretrain-images", metavar="SIZES", type=pretrain_images,
                         help="also time a pretraining run's driver and its first worker before "
-                        "the first step, over N images' shards and 51 pairs an image (LXMERT's: "
-                        "180000; pipeline/bench/scale_pretrain.py)")
+                        "the first step, over shards of these image counts and 51 pairs an image "
+                        "(LXMERT's: 180000; pipeline/bench/scale_pretrain.py)")
     parser.add_argument("--json", metavar="OUT", help="also write every number to this JSON file")
     parser.add_argument("--plot", metavar="PNG", help="draw each cost against the size")
     parser.add_argument("--before", metavar="JSON", help="with --plot: an earlier run's --json, "
@@ -546,15 +549,18 @@ def run(args: argparse.Namespace) -> int:
               f"{feed['pairs_per_s']:,.0f} pairs/s in one process (+{feed['feed_mb']:.0f} MB "
               f"while feeding, its peak then {feed['process_mb']:.0f} MB)")
     if args.pretrain_images:
-        from pipeline.bench.scale_pretrain import make_pretrain_world, pretrain_table
+        from pipeline.bench.scale_pretrain import (
+            PRETRAIN_COSTS, make_pretrain_world, pretrain_row, pretrain_table,
+        )
 
-        world = str(make_pretrain_world(work / f"pretrain_{args.pretrain_images}",
-                                        args.pretrain_images))
-        results["pretrain"] = {"images": args.pretrain_images,
-                               "driver": _child("pretrain-driver", world),
-                               "worker": _child("pretrain-worker", world)}
-        print(pretrain_table(args.pretrain_images, results["pretrain"]["driver"],
-                             results["pretrain"]["worker"]))
+        rows = []
+        for images in args.pretrain_images:
+            world = str(make_pretrain_world(work / f"pretrain_{images}", images))
+            rows.append(pretrain_row(images, _child("pretrain-driver", world),
+                                     _child("pretrain-worker", world)))
+        fitted = exponents([{**r, "urls": r["images"]} for r in rows], PRETRAIN_COSTS)
+        results["pretrain"] = {"rows": rows, "exponents": fitted}
+        print(pretrain_table(rows, fitted))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:

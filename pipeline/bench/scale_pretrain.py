@@ -110,15 +110,30 @@ def measure_worker(world: str) -> dict:
             "process_mb": memory_mb("VmHWM")}
 
 
-def pretrain_table(images: int, driver: dict, worker: dict) -> str:
-    pairs = images * sum(PER_IMAGE)
-    return "\n".join([
-        f"pretraining at LXMERT's size: {pairs:,} pairs over {images:,} images, "
-        f"{WORKERS} workers",
-        f"  driver (prepare_pretrain): {driver['seconds']:.1f} s, +{driver['mb']:,.0f} MB "
-        f"(process peak {driver['process_mb']:,.0f} MB)",
-        f"  worker 0: job {worker['job_s']:.1f} s, first batch of {worker['pairs']} pairs "
-        f"{worker['first_batch_s']:.1f} s, +{worker['mb']:,.0f} MB of which the model "
-        f"{worker['module_mb']:,.0f} MB (process peak {worker['process_mb']:,.0f} MB); "
-        f"{worker['steps_in_epoch']:,} steps an epoch",
-    ])
+PRETRAIN_COSTS = ["driver_s", "driver_mb", "worker_s", "worker_data_mb"]
+
+
+def pretrain_row(images: int, driver: dict, worker: dict) -> dict:
+    """One size's numbers, flat: the driver's and worker 0's time and memory growth, the worker's
+    growth less the model's weights (its data: streams, corpus table, shard keys)."""
+    return {"images": images, "pairs": images * sum(PER_IMAGE), "driver_s": driver["seconds"],
+            "driver_mb": driver["mb"], "driver_peak_mb": driver["process_mb"],
+            "worker_s": worker["job_s"], "worker_mb": worker["mb"],
+            "worker_data_mb": worker["mb"] - worker["module_mb"],
+            "worker_peak_mb": worker["process_mb"], "module_mb": worker["module_mb"],
+            "first_batch_s": worker["first_batch_s"], "steps_in_epoch": worker["steps_in_epoch"]}
+
+
+def pretrain_table(rows: list[dict], fitted: dict[str, float]) -> str:
+    lines = [f"pretraining: prepare_pretrain (driver) and pretrain_job (worker 0 of {WORKERS}), "
+             f"51 pairs an image",
+             f"{'images':>8} {'pairs':>10} {'driver s':>9} {'+MB':>6} {'peak MB':>8} "
+             f"{'worker s':>9} {'+MB':>6} {'of it data':>10} {'peak MB':>8} {'1st batch s':>11} "
+             f"{'steps':>7}"]
+    lines += [f"{r['images']:>8,} {r['pairs']:>10,} {r['driver_s']:>9.1f} {r['driver_mb']:>6.0f} "
+              f"{r['driver_peak_mb']:>8.0f} {r['worker_s']:>9.1f} {r['worker_mb']:>6.0f} "
+              f"{r['worker_data_mb']:>10.0f} {r['worker_peak_mb']:>8.0f} "
+              f"{r['first_batch_s']:>11.1f} {r['steps_in_epoch']:>7,}" for r in rows]
+    lines.append("fitted exponent k (cost ~ n^k): "
+                 + ", ".join(f"{k} {v:.2f}" for k, v in fitted.items()))
+    return "\n".join(lines)
