@@ -527,19 +527,17 @@ def run(args: argparse.Namespace) -> int:
     if args.corpus_pairs:
         from pipeline.bench.scale_corpus import CORPUS_COSTS, corpus_table, make_corpus
 
-        rows = [_child("corpus", str(make_corpus(work / f"corpus_{pairs}", pairs)))
-                for pairs in args.corpus_pairs]
-        fitted = exponents([{**r, "urls": r["pairs"]} for r in rows], CORPUS_COSTS)
-        results["corpus"] = {"rows": rows, "exponents": fitted}
-        print(corpus_table(rows, fitted))
+        block = results["corpus"] = _sized(
+            [_child("corpus", str(make_corpus(work / f"corpus_{pairs}", pairs)))
+             for pairs in args.corpus_pairs], "pairs", CORPUS_COSTS)
+        print(corpus_table(block["rows"], block["exponents"]))
     if args.build_images:
         from pipeline.bench.scale_build import BUILD_COSTS, build_table, make_annotations
 
-        rows = [_child("build", str(make_annotations(work / f"build_{images}", images)))
-                for images in args.build_images]
-        fitted = exponents([{**r, "urls": r["images"]} for r in rows], BUILD_COSTS)
-        results["build"] = {"rows": rows, "exponents": fitted}
-        print(build_table(rows, fitted))
+        block = results["build"] = _sized(
+            [_child("build", str(make_annotations(work / f"build_{images}", images)))
+             for images in args.build_images], "images", BUILD_COSTS)
+        print(build_table(block["rows"], block["exponents"]))
     if args.feed_batches:
         from pipeline.bench.scale_corpus import make_feed_world
 
@@ -558,14 +556,18 @@ def run(args: argparse.Namespace) -> int:
             world = str(make_pretrain_world(work / f"pretrain_{images}", images))
             rows.append(pretrain_row(images, _child("pretrain-driver", world),
                                      _child("pretrain-worker", world)))
-        fitted = exponents([{**r, "urls": r["images"]} for r in rows], PRETRAIN_COSTS)
-        results["pretrain"] = {"rows": rows, "exponents": fitted}
-        print(pretrain_table(rows, fitted))
+        block = results["pretrain"] = _sized(rows, "images", PRETRAIN_COSTS)
+        print(pretrain_table(block["rows"], block["exponents"]))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     if args.plot:
         _plot(results, args.plot, before)
     return 0
+
+
+def _sized(rows: list[dict], size: str, costs: list[str]) -> dict:
+    """A block of rows of several sizes (each row's `size` field) and its costs' exponents."""
+    return {"rows": rows, "exponents": exponents([{**r, "urls": r[size]} for r in rows], costs)}
 
 
 def _summary(png: str | None, paths: list[str] | None) -> int:

@@ -51,10 +51,14 @@ PANELS: tuple[tuple[str, str, list[tuple[str, str, Value, str]]], ...] = (
     ("pretraining's corpus (s)", "pairs or sentences", [
         ("corpus", "pairs", _key("read_s"), "read (load_pairs)"),
         ("build", "sentences", _key("wall_s"), "corpus build"),
+        ("pretrain", "pairs", _key("driver_s"), "pretraining's driver (prepare_pretrain)"),
+        ("pretrain", "pairs", _key("worker_s"), "a worker's pretrain_job"),
     ]),
     ("pretraining's corpus (MB)", "pairs or sentences", [
         ("corpus", "pairs", _key("table_mb"), "held (load_pairs)"),
         ("build", "sentences", _key("peak_mb"), "corpus build (peak)"),
+        ("pretrain", "pairs", _key("driver_mb"), "pretraining's driver"),
+        ("pretrain", "pairs", _key("worker_data_mb"), "a worker, less the model"),
     ]),
 )
 
