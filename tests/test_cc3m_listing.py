@@ -229,6 +229,7 @@ def test_the_summary_merges_runs_by_size_and_draws_what_they_measured(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(SystemExit, match="--summary PNG draws the --from JSON files: give both"):
         main(["bench", "scale", "--summary", str(png)])
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(SystemExit, match=f"--from {tmp_path}/bad.json: not a --json file"):
-        main(["bench", "scale", "--summary", str(png), "--from", str(tmp_path / "bad.json")])
+    for bad in ("{", "[1, 2]"):
+        (tmp_path / "bad.json").write_text(bad)
+        with pytest.raises(SystemExit, match=f"--from {tmp_path}/bad.json: not a --json file"):
+            main(["bench", "scale", "--summary", str(png), "--from", str(tmp_path / "bad.json")])

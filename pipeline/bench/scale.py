@@ -580,7 +580,8 @@ def _summary(png: str | None, paths: list[str] | None) -> int:
         raise SystemExit("bench scale: --summary PNG draws the --from JSON files: give both")
     for path in paths:
         try:
-            json.loads(Path(path).read_text())
+            if not isinstance(json.loads(Path(path).read_text()), dict):
+                raise ValueError("not an object of blocks")
         except (OSError, ValueError) as err:
             raise SystemExit(f"bench scale --from {path}: not a --json file ({err})") from None
     plot_summary(paths, png)
