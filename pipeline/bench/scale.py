@@ -38,6 +38,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from pipeline.bench.growth import exponent
 from pipeline.bench.process_memory import memory_mb
 
 URLS_PER_TAR = 10_000  # img2dataset's default --number_sample_per_shard
@@ -372,16 +373,9 @@ def _counted(requests: list[dict]) -> dict:
 
 
 def exponents(rows: list[dict], costs: list[str] = COSTS) -> dict[str, float]:
-    """k of the least-squares fit log(cost) = log(a) + k log(n), per cost with positive values."""
-    import numpy as np
-
-    n = np.log([r["urls"] for r in rows])
-    fitted = {}
-    for cost in costs:
-        values = [r.get(cost) for r in rows]
-        if len(rows) > 1 and all(v is not None and v > 0 for v in values):
-            fitted[cost] = float(np.polyfit(n, np.log(values), 1)[0])
-    return fitted
+    """k of cost ~ n^k (n: each row's "urls") per cost that every row measured positive."""
+    fitted = {cost: exponent([(r["urls"], r.get(cost)) for r in rows]) for cost in costs}
+    return {cost: k for cost, k in fitted.items() if k is not None}
 
 
 def _table(storage: str, rows: list[dict], fitted: dict[str, float]) -> str:

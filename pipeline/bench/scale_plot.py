@@ -14,6 +14,8 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from pipeline.bench.growth import exponent
+
 Value = Callable[[dict], float | None]
 
 
@@ -83,8 +85,6 @@ def series(rows: list[dict], size: str, value: Value) -> list[tuple[int, float]]
 def plot_summary(paths: list[str], png: str) -> None:
     import matplotlib
 
-    from pipeline.bench.scale import exponents
-
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -96,14 +96,17 @@ def plot_summary(paths: list[str], png: str) -> None:
             points = series(blocks.get(block, []), size, value)
             if not points:
                 continue
-            k = exponents([{"urls": x, "cost": y} for x, y in points], ["cost"]).get("cost")
+            k = exponent(points)
             x, y = zip(*points)
             ax.loglog(x, y, marker="o", label=label + (f" (k={k:.2f})" if k is not None else ""))
             first = first or (x[0], y[0], x[-1])
-        if first:
-            x0, y0, x1 = first
-            ax.loglog([x0, x1], [y0, y0 * x1 / x0], ":", color="grey", label="slope 1")
         ax.set_title(title)
+        if not first:
+            ax.text(0.5, 0.5, "not in these files", ha="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        x0, y0, x1 = first
+        ax.loglog([x0, x1], [y0, y0 * x1 / x0], ":", color="grey", label="slope 1")
         ax.set_xlabel(xlabel)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
