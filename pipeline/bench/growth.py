@@ -12,3 +12,9 @@ def exponent(points: list[tuple[float, float | None]]) -> float | None:
         return None
     n, cost = zip(*points)
     return float(np.polyfit(np.log(n), np.log(cost), 1)[0])
+
+
+def fitted_line(fitted: dict[str, float]) -> str:
+    """The exponents of a benchmark's table, as its last line."""
+    return "fitted exponent k (cost ~ n^k): " + ", ".join(f"{cost} {k:.2f}"
+                                                           for cost, k in fitted.items())

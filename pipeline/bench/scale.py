@@ -38,7 +38,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.bench.growth import exponent
+from pipeline.bench.growth import exponent, fitted_line
 from pipeline.bench.process_memory import memory_mb
 
 URLS_PER_TAR = 10_000  # img2dataset's default --number_sample_per_shard
@@ -372,9 +372,9 @@ def _counted(requests: list[dict]) -> dict:
             "bytes_read": sum(int(m[2]) - int(m[1]) + 1 for m in ranges if m)}
 
 
-def exponents(rows: list[dict], costs: list[str] = COSTS) -> dict[str, float]:
-    """k of cost ~ n^k (n: each row's "urls") per cost that every row measured positive."""
-    fitted = {cost: exponent([(r["urls"], r.get(cost)) for r in rows]) for cost in costs}
+def exponents(rows: list[dict], costs: list[str] = COSTS, size: str = "urls") -> dict[str, float]:
+    """k of cost ~ n^k (n: each row's `size` field) per cost that every row measured positive."""
+    fitted = {cost: exponent([(r[size], r.get(cost)) for r in rows]) for cost in costs}
     return {cost: k for cost, k in fitted.items() if k is not None}
 
 
@@ -387,8 +387,7 @@ def _table(storage: str, rows: list[dict], fitted: dict[str, float]) -> str:
         lines.append(f"{r['urls']:>10,} {r['images']:>10,} {r['list_s']:>8.2f} "
                      f"{r['plan_s']:>7.2f} {r['driver_mb']:>10.0f} {r['bytes_read'] / 1e6:>9.1f} "
                      f"{requests:>9}")
-    lines.append("fitted exponent k (cost ~ n^k): " + ", ".join(
-        f"{cost} {k:.2f}" for cost, k in fitted.items()))
+    lines.append(fitted_line(fitted))
     return "\n".join(lines)
 
 
@@ -414,8 +413,7 @@ def _extract_table(engine: str, rows: list[dict], fitted: dict) -> str:
             f"{r['extracted'] / r['wall_s']:>7.0f} {r['peak_mb']:>8.0f} "
             f"{resume['shards_before']:>4}/{resume['of']:<5} {resume['first_unit_s']:>11.2f} "
             f"{resume['records']:>8,} {str(resume['equal']):>6}")
-    lines.append("fitted exponent k: " + ", ".join(
-        f"{cost} {k:.2f}" for cost, k in fitted.items() if k is not None))
+    lines.append(fitted_line(fitted))
     lines.append("pipeline shards verify / export-tsv of the whole run's shards")
     for r in rows:
         lines.append(f"{r['urls']:>10,}  verify {r['verify']['wall_s']:.1f} s "
@@ -433,8 +431,7 @@ def _extract_s3_table(block: dict) -> str:
         lines.append(f"{r['urls']:>10,} {r['extracted']:>9,} {r['wall_s']:>8.1f} "
                      f"{r['extracted'] / r['wall_s']:>7.0f} {gets:>8,} "
                      f"{gets / r['extracted']:>10.3f} {r['bytes_read'] / 1e6:>8.1f}")
-    lines.append("fitted exponent k: " + ", ".join(
-        f"{cost} {k:.2f}" for cost, k in block["exponents"].items()))
+    lines.append(fitted_line(block["exponents"]))
     return "\n".join(lines)
 
 
@@ -564,7 +561,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _sized(rows: list[dict], size: str, costs: list[str]) -> dict:
     """A block of rows of several sizes (each row's `size` field) and its costs' exponents."""
-    return {"rows": rows, "exponents": exponents([{**r, "urls": r[size]} for r in rows], costs)}
+    return {"rows": rows, "exponents": exponents(rows, costs, size)}
 
 
 def _summary(png: str | None, paths: list[str] | None) -> int:

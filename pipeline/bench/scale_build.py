@@ -28,7 +28,10 @@ from typing import NamedTuple
 
 import yaml
 
-from pipeline.bench.scale_corpus import COLOURS, GROUNDS, SHAPES, _object
+from pipeline.bench.growth import fitted_line
+from pipeline.bench.scale_corpus import (
+    COLOURS, GROUNDS, SHAPES, caption, region_description,
+)
 from pipeline.corpus.config import CorpusConfig
 
 LXMERT_IMAGES = 180_000
@@ -134,8 +137,7 @@ def write_captions(path: Path, subset: str, plan: list[Image], rng: random.Rando
     images = [image for image in plan if image.subset == subset]
     head = {"info": coco.INFO, "images": [_coco_image(subset, im.coco_id) for im in images],
             "licenses": coco.LICENSES}
-    captions = (json.dumps({"image_id": im.coco_id, "id": next(ids), "caption":
-                            f"A {_object(rng)} and a {_object(rng)} on {rng.choice(GROUNDS)}."})
+    captions = (json.dumps({"image_id": im.coco_id, "id": next(ids), "caption": caption(rng)})
                 for im in images for _ in range(im.counts.get("mscoco", 0)))
     _write_json(path, captions, _opening(head, "annotations"), "]}")
 
@@ -206,8 +208,8 @@ def write_vg(image_data: Path, regions: Path, question_answers: Path, plan: list
     def region(image: Image) -> dict:
         rid = next(region_ids)
         return {"region_id": rid, "width": 40 + rid % 300, "height": 30 + rid % 200,
-                "image_id": image.vg_id, "phrase": f"{_object(rng)} to the left of "
-                f"{_object(rng)}", "y": rid * 7 % 400, "x": rid * 13 % 500}
+                "image_id": image.vg_id, "phrase": region_description(rng), "y": rid * 7 % 400,
+                "x": rid * 13 % 500}
 
     _write_json(regions, (json.dumps({"regions": [region(im) for _ in range(im.counts["vg"])],
                                       "id": im.vg_id}) for im in images))
@@ -309,6 +311,5 @@ def build_table(rows: list[dict], fitted: dict[str, float]) -> str:
                   f"{r['splits'][split]['images']:>{width},}" for split, width in
                   (("train", 7), ("nominival", 9), ("minival", 7), ("vgnococo", 8)))
               for r in rows]
-    lines.append("fitted exponent k (cost ~ n^k): "
-                 + ", ".join(f"{k} {v:.2f}" for k, v in fitted.items()))
+    lines.append(fitted_line(fitted))
     return "\n".join(lines)

@@ -17,6 +17,8 @@ import random
 import time
 from pathlib import Path
 
+from pipeline.bench.growth import fitted_line
+
 PER_IMAGE = (5, 10, 36)  # captions, region descriptions, questions (51 pairs)
 COLOURS = ("red", "blue", "green", "yellow", "white")
 SHAPES = ("ball", "box", "triangle", "star")
@@ -28,15 +30,24 @@ def _object(rng: random.Random) -> str:
     return f"{rng.choice(('small', 'large', 'little'))} {rng.choice(COLOURS)} {rng.choice(SHAPES)}"
 
 
+def caption(rng: random.Random) -> str:
+    """A caption in the world's words."""
+    return f"A {_object(rng)} and a {_object(rng)} on {rng.choice(GROUNDS)}."
+
+
+def region_description(rng: random.Random) -> str:
+    """A region description in the world's words."""
+    return f"{_object(rng)} to the left of {_object(rng)}"
+
+
 def corpus_record(image: int, rng: random.Random) -> dict:
     captions, descriptions, questions = PER_IMAGE
     asked = [f"Is the {rng.choice(SHAPES)} {rng.choice(COLOURS)}?" for _ in range(questions)]
     return {
         "image": f"coco-{image}",
         "sentences": {
-            "mscoco": [f"A {_object(rng)} and a {_object(rng)} on {rng.choice(GROUNDS)}."
-                       for _ in range(captions)],
-            "vg": [f"{_object(rng)} to the left of {_object(rng)}" for _ in range(descriptions)],
+            "mscoco": [caption(rng) for _ in range(captions)],
+            "vg": [region_description(rng) for _ in range(descriptions)],
             "vqa": asked,
         },
         "answers": {"vqa": [{rng.choice(ANSWERS): 1.0, rng.choice(ANSWERS): 0.3}
@@ -91,8 +102,7 @@ def corpus_table(rows: list[dict], fitted: dict[str, float]) -> str:
              f"{'as objects MB':>14}"]
     lines += [f"{r['pairs']:>10,} {r['images']:>8,} {r['read_s']:>7.2f} {r['read_peak_mb']:>8.0f} "
               f"{r['table_mb']:>9.0f} {r['objects_mb']:>14.0f}" for r in rows]
-    lines.append("fitted exponent k (cost ~ n^k): "
-                 + ", ".join(f"{k} {v:.2f}" for k, v in fitted.items()))
+    lines.append(fitted_line(fitted))
     return "\n".join(lines)
 
 

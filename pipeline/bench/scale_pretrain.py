@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.bench.growth import fitted_line
 from pipeline.bench.scale_corpus import ANSWERS, PER_IMAGE, corpus_record
 from pipeline.corpus.answers import AnswerTable
 
@@ -134,6 +135,5 @@ def pretrain_table(rows: list[dict], fitted: dict[str, float]) -> str:
               f"{r['driver_peak_mb']:>8.0f} {r['worker_s']:>9.1f} {r['worker_mb']:>6.0f} "
               f"{r['worker_data_mb']:>10.0f} {r['worker_peak_mb']:>8.0f} "
               f"{r['first_batch_s']:>11.1f} {r['steps_in_epoch']:>7,}" for r in rows]
-    lines.append("fitted exponent k (cost ~ n^k): "
-                 + ", ".join(f"{k} {v:.2f}" for k, v in fitted.items()))
+    lines.append(fitted_line(fitted))
     return "\n".join(lines)
