@@ -227,6 +227,8 @@ def test_the_summary_merges_runs_by_size_and_draws_what_they_measured(tmp_path):
     png = tmp_path / "summary.png"
     assert main(["bench", "scale", "--summary", str(png), "--from", f"{first},{second}"]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="--summary /proc/none/s.png: cannot write it"):
+        main(["bench", "scale", "--summary", "/proc/none/s.png", "--from", str(first)])
     with pytest.raises(SystemExit, match="--summary PNG draws the --from JSON files: give both"):
         main(["bench", "scale", "--summary", str(png)])
     for bad in ("{", "[1, 2]"):

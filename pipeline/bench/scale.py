@@ -575,7 +575,10 @@ def _summary(png: str | None, paths: list[str] | None) -> int:
                 raise ValueError("not an object of blocks")
         except (OSError, ValueError) as err:
             raise SystemExit(f"bench scale --from {path}: not a --json file ({err})") from None
-    plot_summary(paths, png)
+    try:
+        plot_summary(paths, png)
+    except OSError as err:
+        raise SystemExit(f"bench scale --summary {png}: cannot write it ({err.strerror})") from None
     print(f"wrote {png}")
     return 0
 
