@@ -160,6 +160,24 @@ def test_load_pairs_holds_no_object_per_pair_and_counts_without_making_them(tmp_
     assert pairs.nbytes < 200 * sum(map(pairs.count, pairs))  # text and a few numbers a pair
 
 
+def test_answer_scores_come_back_exact_from_two_byte_codes():
+    from pipeline.corpus.pair_table import MAX_SCORES
+
+    table = PairTableBuilder(None)
+    scores = [0.1 * k for k in range(300)] + [1 / 3, 2 / 3, 1e-300, 0.0]
+    table.add("vg-1", [("vgqa", f"q{k}", {k: s}) for k, s in enumerate(scores)]
+              + [("vg", "a caption", None), ("vgqa", "no answer in the table", {})])
+    table.add("vg-2", [("vgqa", "again", {7: scores[7], 1: scores[300]})])
+    pairs = table.table()
+    assert [p.answers for p in pairs["vg-1"]] == [
+        *({k: s} for k, s in enumerate(scores)), None, {}]
+    assert pairs["vg-2"][0].answers == {7: scores[7], 1: scores[300]}
+    assert pairs.answer_code.dtype == np.uint16 and len(pairs.scores) == len(set(scores))
+    many = PairTableBuilder(None)
+    with pytest.raises(CorpusError, match="more than 65,536 distinct answer scores"):
+        many.add("vg-3", [("vgqa", "q", {k: k + 0.5 for k in range(MAX_SCORES + 1)})])
+
+
 def test_load_pairs_errors_name_the_file_and_line(tmp_path):
     corpus = write_corpus(tmp_path)
     missing = r"nominival\.jsonl: no such split file.*'minival', 'train'"
@@ -266,6 +284,43 @@ def test_resume_equals_the_uninterrupted_tail(data, world_size):
                         assert all(np.array_equal(a.arrays[k], b.arrays[k]) for k in b.arrays)
     with pytest.raises(ValueError, match="start_step"):
         s.batches(0, start_step=s.steps_in_epoch(0) + 1)
+
+
+def test_a_share_of_the_steps_equals_those_steps_and_reads_only_their_images(data, monkeypatch):
+    import pipeline.pretrain.data as stream_module
+
+    s = stream(data, shuffle_buffer=5, max_boxes=4)
+    full = list(s.batches(1))
+    steps = s.steps_in_epoch(1)
+    decoded = []
+    real_decode = stream_module.decode_checked
+    monkeypatch.setattr(stream_module, "decode_checked",
+                        lambda path, key, members: decoded.append(key) or real_decode(
+                            path, key, members))
+    for start, keep in ((0, {0}), (0, set(range(1, steps, 3))), (2, {2, steps - 1}),
+                        (steps - 1, {steps - 1})):
+        decoded.clear()
+        share = list(s.batches(1, start_step=start, keep=frozenset(keep)))
+        assert row_ids(share) == row_ids([full[step] for step in sorted(keep)])
+        used = {sample.key for step in keep for _, sample in full[step]}
+        # the images of the kept steps, each decoded once, and no other
+        assert sorted(decoded) == sorted(used)
+
+
+def test_the_first_batch_of_a_share_runs_the_buffer_over_a_shard_not_the_epoch(data):
+    s = stream(data, shuffle_buffer=4)
+    asked = []
+    table = s.pairs_by_image
+    real_count = table.count
+    table.count = lambda key: asked.append(key) or real_count(key)
+    try:
+        batches = s.batches(0, keep=frozenset(range(s.steps_in_epoch(0))))
+        next(batches)
+    finally:
+        del table.count
+    # the first shard's images and the few more whose rows enter the buffer of 4 rows before
+    # the first shard's last row is out; all 18 of the epoch before
+    assert len(asked) <= PER_SHARD + 4 < s.report.joined_images
 
 
 def test_buffer_bounds_the_samples_alive(data):

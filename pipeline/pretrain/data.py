@@ -18,8 +18,9 @@ epochs, for the learning-rate schedule.
 
 Resume. `batches(epoch, start_step=k)` yields exactly the batches an uninterrupted iteration
 yields at steps k, k+1, ...: the shuffle buffer's random draws depend only on how many rows enter
-it, never on their contents, so the skipped prefix is first replayed on keys alone (from the
-header scan) to learn which images the remaining steps use; only those are read and decoded.
+it, never on their contents, so the same buffer run on keys alone (from the header scan), just
+ahead of the rows, tells which images the remaining steps use (pipeline/pretrain/wanted.py); only
+those are read and decoded. A data worker's share of the steps (`keep`) is found the same way.
 
 Memory. The buffer holds at most `shuffle_buffer` rows; the rows of one image share its Sample by
 reference, so besides the batch in use at most `shuffle_buffer` + 1 Samples are alive (LXMERT's
@@ -52,6 +53,7 @@ from pipeline.corpus.config import CorpusError
 from pipeline.corpus.pair_table import PairTable
 from pipeline.corpus.pairs import Pair
 from pipeline.corpus.read import load_pairs
+from pipeline.pretrain.wanted import WantedKeys
 from shards.reader import (
     decode_checked, read_selected, shuffle_buffer, shuffle_shards, split_by_node,
 )
@@ -175,14 +177,16 @@ def joined_members(
 ) -> Iterator[tuple[Path, str, dict[str, bytes] | None]]:
     """(shard, key, {suffix: payload}) per joined sample, in file order; payloads are read only
     for keys `wanted` (None for the others) and never for unjoined keys (the tar seeks past them).
-    A shard with no wanted key is not opened. Raises SchemaError when a shard no longer holds the
+    `wanted` is asked once per key, in order, a shard's keys before it is opened; a shard with no
+    wanted key is not opened. Raises SchemaError when a shard no longer holds the
     keys its header scan found."""
     for shard in shards:
-        if not any(wanted(key) for key in shard.keys):
+        picked = {key for key in shard.keys if wanted(key)}
+        if not picked:
             for key in shard.keys:
                 yield shard.path, key, None
             continue
-        for key, members in read_selected(shard.path, shard.keys, wanted):
+        for key, members in read_selected(shard.path, shard.keys, picked.__contains__):
             yield shard.path, key, members
 
 
@@ -362,7 +366,10 @@ class PretrainStream:
         skip, end = start_step * self.batch_size, steps * self.batch_size
         wanted = _everything
         if skip or keep is not None:
-            wanted = self._tail_keys(shards, epoch, skip, end, keep).__contains__
+            wanted = WantedKeys(
+                ((key, self.pairs_by_image.count(key)) for s in shards for key in s.keys),
+                self.shuffle_buffer, self._row_rng(epoch), skip=skip, end=end,
+                batch_size=self.batch_size, keep=keep)
         return self._stream(shards, epoch, wanted, skip, end, start_step, keep)
 
     def _stream(
@@ -380,20 +387,6 @@ class PretrainStream:
 
     def _row_rng(self, epoch: int) -> random.Random:
         return random.Random(f"{self.seed}-{epoch}-{self.rank}")
-
-    def _tail_keys(self, shards: list[_Shard], epoch: int, skip: int, end: int,
-                   keep: Collection[int] | None) -> set[str]:
-        """Keys of the rows at positions skip..end-1 of the shuffled stream (of the steps in
-        `keep` only, when given), found by running the same buffer (same seed, same number of
-        items) over keys instead of rows."""
-        keys = (key for s in shards for key in s.keys
-                for _ in range(self.pairs_by_image.count(key)))
-        shuffled = islice(shuffle_buffer(keys, self.shuffle_buffer, self._row_rng(epoch)),
-                          skip, end)
-        if keep is None:
-            return set(shuffled)
-        return {key for position, key in enumerate(shuffled, skip)
-                if position // self.batch_size in keep}
 
 
 def _everything(key: str) -> bool:
