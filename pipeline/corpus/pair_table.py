@@ -3,9 +3,12 @@
 LXMERT's corpus is 9.18M pairs over 180K images: as `Pair` objects (a dataclass, its sentence
 and, for a question, an answer dict) that is several GB in every process that reads it (the
 driver and each training worker). Here every sentence of the splits read is one slice of a
-single UTF-8 buffer, with its source, whether the source filter keeps it and its answers (index
-and score arrays) beside it; an image's pairs are made when it is looked up (`table[image]`, a
-list of `Pair`s equal to what a list of objects would hold).
+single UTF-8 buffer, with its source, one byte of flags (kept by the source filter, a caption, a
+question) and its answers beside it: a question's answers are a slice of one index array and one
+array of score codes (a corpus has few distinct scores: VQA's are 0.3, 0.6, 0.9 and 1), 2 bytes
+an answer instead of a float's 8. The arrays are appended in their final types, so reading holds
+no second copy. An image's pairs are made when it is looked up (`table[image]`, a list of `Pair`s
+equal to what a list of objects would hold).
 """
 
 from __future__ import annotations
@@ -15,34 +18,54 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
-from pipeline.corpus.config import CAPTION_SOURCES, SOURCES
+from pipeline.corpus.config import CAPTION_SOURCES, SOURCES, CorpusError
 from pipeline.corpus.pairs import Pair
+
+KEPT, CAPTION, QUESTION = 1, 2, 4  # a sentence's flags
+MAX_SCORES = 1 << 16  # distinct answer scores (uint16 codes)
+
+
+class _ScoreCodes(dict[float, int]):
+    """score -> its code, a new score taking the next one."""
+
+    def __missing__(self, score: float) -> int:
+        if len(self) == MAX_SCORES:
+            raise CorpusError(f"more than {MAX_SCORES:,} distinct answer scores")
+        self[score] = len(self)
+        return self[score]
 
 
 class PairTableBuilder:
     """Sentences appended image by image (`add`), then `table()`."""
 
     def __init__(self, sources: tuple[str, ...] | None):
-        self.kept_sources = None if sources is None else set(sources)
+        # source -> (its index in SOURCES, its sentences' flags but QUESTION)
+        self.of_source = {source: (i, (sources is None or source in sources) * KEPT
+                                   | (source in CAPTION_SOURCES) * CAPTION)
+                          for i, source in enumerate(SOURCES)}
         self.text = bytearray()
         self.ends = array("q")  # the end of each sentence in `text`
         self.source = array("B")  # index in SOURCES
-        self.kept = array("B")
-        self.answer_starts = array("q")  # each sentence's first answer; -1: not a question
-        self.answer_index, self.answer_score = array("i"), array("d")
+        self.flags = array("B")
+        self.answer_bounds = array("q", [0])  # sentence i's answers: [bounds[i], bounds[i + 1])
+        self.answer_index, self.answer_code = array("i"), array("H")
+        self.codes = _ScoreCodes()
         self.chunks: dict[str, list[tuple[int, int]]] = {}  # image -> [start, stop) sentences
 
     def add(self, image: str, sentences: list[tuple[str, str, dict[int, float] | None]]) -> None:
-        start = len(self.ends)
+        start, codes = len(self.ends), self.codes
         for source, sentence, answers in sentences:
             self.text += sentence.encode()
             self.ends.append(len(self.text))
-            self.source.append(SOURCES.index(source))
-            self.kept.append(self.kept_sources is None or source in self.kept_sources)
-            self.answer_starts.append(-1 if answers is None else len(self.answer_index))
-            if answers is not None:
+            index, flags = self.of_source[source]
+            self.source.append(index)
+            if answers is None:
+                self.flags.append(flags)
+            else:
+                self.flags.append(flags | QUESTION)
                 self.answer_index.extend(answers)
-                self.answer_score.extend(answers.values())
+                self.answer_code.extend(map(codes.__getitem__, answers.values()))
+            self.answer_bounds.append(len(self.answer_index))
         self.chunks.setdefault(image, []).append((start, len(self.ends)))
 
     def table(self) -> PairTable:
@@ -54,21 +77,17 @@ class PairTable(Mapping[str, list[Pair]]):
     each image's `image_sentences` are all its caption-source sentences, kept or not."""
 
     def __init__(self, built: PairTableBuilder):
-        self.text = built.text  # the buffer itself: no copy at the peak
+        # The builder's buffers themselves, not copies.
+        self.text = built.text
         self.ends = np.frombuffer(built.ends, np.int64)
         self.source = np.frombuffer(built.source, np.uint8)
-        self.kept = np.frombuffer(built.kept, np.uint8)
-        # A question's answers end where the next question's start (the last's at the end).
-        starts = np.frombuffer(built.answer_starts, np.int64)
-        questions = np.flatnonzero(starts >= 0)
-        self.answer_starts = starts
-        self.answer_ends = np.full(len(starts), -1, np.int64)
-        self.answer_ends[questions] = np.append(starts[questions][1:], len(built.answer_index))
+        self.flags = np.frombuffer(built.flags, np.uint8)
+        self.answer_bounds = np.frombuffer(built.answer_bounds, np.int64)
         self.answer_index = np.frombuffer(built.answer_index, np.int32)
-        self.answer_score = np.frombuffer(built.answer_score, np.float64)
+        self.answer_code = np.frombuffer(built.answer_code, np.uint16)
+        self.scores = np.array(list(built.codes), np.float64)  # code -> score
         self.chunks = {image: tuple(chunks) for image, chunks in built.chunks.items()
-                       if any(self.kept[start:stop].any() for start, stop in chunks)}
-        self._captions = np.isin(self.source, [SOURCES.index(s) for s in CAPTION_SOURCES])
+                       if any(self._kept(start, stop) for start, stop in chunks)}
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -81,30 +100,33 @@ class PairTable(Mapping[str, list[Pair]]):
 
     def __getitem__(self, image: str) -> list[Pair]:
         rows = [i for start, stop in self.chunks[image] for i in range(start, stop)]
+        flags = {i: int(self.flags[i]) for i in rows}
         sentences = {i: self._sentence(i) for i in rows}  # each decoded once
-        shared = tuple(sentences[i] for i in rows if self._captions[i])
+        shared = tuple(sentences[i] for i in rows if flags[i] & CAPTION)
         return [Pair(image=image, sentence=sentences[i], source=SOURCES[self.source[i]],
-                     answers=self._answers(i), image_sentences=shared)
-                for i in rows if self.kept[i]]
+                     answers=self._answers(i) if flags[i] & QUESTION else None,
+                     image_sentences=shared)
+                for i in rows if flags[i] & KEPT]
 
     def count(self, image: str) -> int:
         """len(self[image]), without making the pairs (0 for an image not in the table)."""
-        return sum(int(self.kept[start:stop].sum()) for start, stop in self.chunks.get(image, ()))
+        return sum(self._kept(start, stop) for start, stop in self.chunks.get(image, ()))
+
+    def _kept(self, start: int, stop: int) -> int:
+        return int(np.count_nonzero(self.flags[start:stop] & KEPT))
 
     @property
     def nbytes(self) -> int:
         """The arrays' bytes (the per-image index aside)."""
         return len(self.text) + sum(a.nbytes for a in (
-            self.ends, self.source, self.kept, self.answer_starts, self.answer_ends,
-            self.answer_index, self.answer_score, self._captions))
+            self.ends, self.source, self.flags, self.answer_bounds, self.answer_index,
+            self.answer_code, self.scores))
 
     def _sentence(self, i: int) -> str:
         start = int(self.ends[i - 1]) if i else 0
         return self.text[start:int(self.ends[i])].decode()
 
-    def _answers(self, i: int) -> dict[int, float] | None:
-        start, end = int(self.answer_starts[i]), int(self.answer_ends[i])
-        if start < 0:
-            return None
+    def _answers(self, i: int) -> dict[int, float]:
+        start, end = int(self.answer_bounds[i]), int(self.answer_bounds[i + 1])
         return dict(zip(self.answer_index[start:end].tolist(),
-                        self.answer_score[start:end].tolist()))
+                        self.scores[self.answer_code[start:end]].tolist()))
