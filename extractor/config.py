@@ -278,3 +278,38 @@ def preset_config(name: str, detector: DetectorConfig | None = None) -> Extracto
     return ExtractorConfig(
         detector=detector or DetectorConfig(), preprocess=preprocess, selection=selection, preset=name
     )
+
+
+# The end-to-end front end (extractor/front_end.py): its stages and poolers, what trains.
+Pooler = Literal["roi_pool", "roi_align"]
+FRONT_END_STAGES = ("stem", "res2", "res3", "res4", "res5")
+POOLERS = ("roi_pool", "roi_align")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisualFrontEndConfig:
+    """What trains and how regions are pooled.
+
+    frozen_stages: stages (of FRONT_END_STAGES) whose parameters get no gradient (requires_grad
+        False). VL-BERT's default: the stem and res2. Every BatchNorm is frozen whatever this says.
+    pooler: "roi_pool", the detector's max RoIPool (so that untrained features are the extracted
+        ones), or "roi_align", VL-BERT's RoIAlign (extractor/front_end.py ROI_ALIGN_*).
+        Both pool the detector's `pooler_resolution` square (14 for the R101 model, as VL-BERT)
+        from res4 at 1 / `feature_stride`.
+    checkpoint_res5: keep no activations of res5 for the backward pass and recompute them there
+        (torch.utils.checkpoint, non-reentrant): res5 runs on every box at pooler resolution, so
+        its activations grow with the boxes per batch (R101: three blocks of 14 x 14 x 2048
+        outputs per box). Same features and gradients, one more res5 forward per step.
+    """
+
+    frozen_stages: tuple[str, ...] = ("stem", "res2")
+    pooler: Pooler = "roi_pool"
+    checkpoint_res5: bool = False
+
+    def __post_init__(self):
+        unknown = sorted(set(self.frozen_stages) - set(FRONT_END_STAGES))
+        if unknown:
+            raise ValueError(f"frozen_stages: unknown stage(s) {unknown}; "
+                             f"choose from {FRONT_END_STAGES}")
+        if self.pooler not in POOLERS:
+            raise ValueError(f"pooler = {self.pooler!r}: choose one of {POOLERS}")

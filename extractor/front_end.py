@@ -8,7 +8,7 @@ res5 head with a spatial mean gives the box's feature. `VisualFrontEnd` is that 
 (stem..res4) and its `roi_heads.res5`. With nothing trained it returns the extractor's features
 for the same boxes (tests/test_visual_front_end.py).
 
-What trains (`VisualFrontEndConfig`): VL-BERT freezes the stem and res2
+What trains (`VisualFrontEndConfig`, in extractor/config.py): VL-BERT freezes the stem and res2
 (IMAGE_FROZEN_BACKBONE_STAGES [1, 2]) and every BatchNorm (IMAGE_FROZEN_BN); the rest trains with
 the transformer. Ours stay `FrozenBatchNorm2d`, whose statistics and affine values are buffers that
 no optimiser sees and no forward updates, in train mode too. The extractor folds those norms into
@@ -32,57 +32,23 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
-import numpy as np
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torchvision.ops import roi_align, roi_pool
 
 from extractor.backbone import ConvNorm, FrozenBatchNorm2d
+from extractor.config import FRONT_END_STAGES, VisualFrontEndConfig
 from extractor.detector import BUTDDetector
-from extractor.preprocess import PreparedImage
 from extractor.weights import save_detector
 
-Pooler = Literal["roi_pool", "roi_align"]
-STAGES = ("stem", "res2", "res3", "res4", "res5")
-POOLERS = ("roi_pool", "roi_align")
 # VL-BERT's ROIAlign (common/lib/roi_pooling, maskrcnn-benchmark's kernel) takes one sample per
 # output bin (sampling_ratio 1) and no half-pixel offset (torchvision's aligned=False).
 ROI_ALIGN_SAMPLING_RATIO = 1
 ROI_ALIGN_ALIGNED = False
 # The front end's state-dict prefixes -> the detector's (a public API, as the detector's names).
 DETECTOR_PREFIXES = {"backbone.": "backbone.", "res5.": "roi_heads.res5."}
-
-
-@dataclass(frozen=True, kw_only=True)
-class VisualFrontEndConfig:
-    """What trains and how regions are pooled.
-
-    frozen_stages: stages (of STAGES) whose parameters get no gradient (requires_grad False).
-        VL-BERT's default: the stem and res2. Every BatchNorm is frozen whatever this says.
-    pooler: "roi_pool", the detector's max RoIPool (so that untrained features are the extracted
-        ones), or "roi_align", VL-BERT's RoIAlign (ROI_ALIGN_SAMPLING_RATIO, ROI_ALIGN_ALIGNED).
-        Both pool the detector's `pooler_resolution` square (14 for the R101 model, as VL-BERT)
-        from res4 at 1 / `feature_stride`.
-    checkpoint_res5: keep no activations of res5 for the backward pass and recompute them there
-        (torch.utils.checkpoint, non-reentrant): res5 runs on every box at pooler resolution, so
-        its activations grow with the boxes per batch (R101: three blocks of 14 x 14 x 2048
-        outputs per box). Same features and gradients, one more res5 forward per step.
-    """
-
-    frozen_stages: tuple[str, ...] = ("stem", "res2")
-    pooler: Pooler = "roi_pool"
-    checkpoint_res5: bool = False
-
-    def __post_init__(self):
-        unknown = sorted(set(self.frozen_stages) - set(STAGES))
-        if unknown:
-            raise ValueError(f"frozen_stages: unknown stage(s) {unknown}; choose from {STAGES}")
-        if self.pooler not in POOLERS:
-            raise ValueError(f"pooler = {self.pooler!r}: choose one of {POOLERS}")
 
 
 class VisualFrontEnd(nn.Module):
@@ -114,7 +80,7 @@ class VisualFrontEnd(nn.Module):
             )
         for conv in self._convs:
             conv.unfold_norm()
-        for stage in STAGES:
+        for stage in FRONT_END_STAGES:
             module = self.res5 if stage == "res5" else getattr(self.backbone, stage)
             module.requires_grad_(stage not in config.frozen_stages)
 
@@ -238,22 +204,3 @@ def mask_region_pixels(
         covered = (in_y.T.float() @ in_x.float()) > 0  # (H, W)
         out[i].masked_fill_(covered, 0.0)
     return out
-
-
-def scale_boxes(boxes_xyxy_abs: np.ndarray | torch.Tensor, image: PreparedImage) -> torch.Tensor:
-    """(K, 4) boxes in original pixels -> float32 input pixels of the resized `image`: x times
-    scale_x, y times scale_y, as the Extractor maps given boxes."""
-    scale = torch.tensor((image.scale_x, image.scale_y, image.scale_x, image.scale_y),
-                         dtype=torch.float32)
-    return torch.as_tensor(boxes_xyxy_abs, dtype=torch.float32).view(-1, 4) * scale
-
-
-def flip_boxes(boxes: torch.Tensor, width: float) -> torch.Tensor:
-    """Boxes (..., 4) x1 y1 x2 y2 of an image `width` pixels wide -> the same boxes in the image
-    flipped left to right (column x -> width - 1 - x): x1' = width - x2, x2' = width - x1.
-
-    Flip input boxes with the resized width (image.pixels.shape[-1]), after scale_boxes: the
-    pixels flipped are the resized ones.
-    """
-    x1, y1, x2, y2 = boxes.unbind(-1)
-    return torch.stack((width - x2, y1, width - x1, y2), dim=-1)

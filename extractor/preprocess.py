@@ -396,3 +396,22 @@ def _to_rgb(image: Image.Image, path: str) -> np.ndarray:
         return np.asarray(image.convert("RGB"))
     except ValueError as exc:
         raise ImageError(path, f"unsupported image mode: {mode}") from exc
+
+
+def scale_boxes(boxes_xyxy_abs: np.ndarray | torch.Tensor, image: PreparedImage) -> torch.Tensor:
+    """(K, 4) boxes in original pixels -> float32 input pixels of the resized `image`: x times
+    scale_x, y times scale_y, as the Extractor maps given boxes."""
+    scale = torch.tensor((image.scale_x, image.scale_y, image.scale_x, image.scale_y),
+                         dtype=torch.float32)
+    return torch.as_tensor(boxes_xyxy_abs, dtype=torch.float32).view(-1, 4) * scale
+
+
+def flip_boxes(boxes: torch.Tensor, width: float) -> torch.Tensor:
+    """Boxes (..., 4) x1 y1 x2 y2 of an image `width` pixels wide -> the same boxes in the image
+    flipped left to right (column x -> width - 1 - x): x1' = width - x2, x2' = width - x1.
+
+    Flip input boxes with the resized width (image.pixels.shape[-1]), after scale_boxes: the
+    pixels flipped are the resized ones.
+    """
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    return torch.stack((width - x2, y1, width - x1, y2), dim=-1)

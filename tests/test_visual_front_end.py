@@ -21,17 +21,13 @@ import torch
 from test_extractor_batching import TINY, _random_detector
 
 from extractor.backbone import ConvNorm, fold_frozen_norms
-from extractor.config import DetectorConfig, ExtractorConfig, PreprocessConfig, SelectionConfig
+from extractor.config import (
+    DetectorConfig, ExtractorConfig, PreprocessConfig, SelectionConfig, VisualFrontEndConfig,
+)
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
-from extractor.front_end import (
-    VisualFrontEnd,
-    VisualFrontEndConfig,
-    flip_boxes,
-    mask_region_pixels,
-    scale_boxes,
-)
-from extractor.preprocess import decode_image, resize_image
+from extractor.front_end import VisualFrontEnd, mask_region_pixels
+from extractor.preprocess import decode_image, flip_boxes, resize_image, scale_boxes
 from extractor.training import unfreeze_batchnorm
 from extractor.weights import load_detector_weights, read_detector_config
 from pipeline.common.assets import SAMPLE_IMAGES, bundled_detector

@@ -62,7 +62,8 @@ from PIL import Image
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from extractor.front_end import STAGES, mask_region_pixels
+from extractor.config import FRONT_END_STAGES
+from extractor.front_end import mask_region_pixels
 from model.vlbert import VlBertConfig
 from model.vlbert_pretraining import VlBertForPreTraining
 from pipeline.bench.extract import peak_tflops
@@ -256,14 +257,14 @@ def stage_weights(module: EndToEnd) -> dict[str, list[torch.Tensor]]:
     """A CPU copy of each trunk stage's parameters."""
     front = module.front_end
     parts = {stage: front.res5 if stage == "res5" else getattr(front.backbone, stage)
-             for stage in STAGES}
+             for stage in FRONT_END_STAGES}
     return {stage: [p.detach().cpu().clone() for p in part.parameters()]
             for stage, part in parts.items()}
 
 
 def changed(before: dict[str, list[torch.Tensor]], after: dict[str, list[torch.Tensor]]) -> dict:
     return {stage: any(not torch.equal(a, b) for a, b in zip(before[stage], after[stage]))
-            for stage in STAGES}
+            for stage in FRONT_END_STAGES}
 
 
 def step_fns(bench: Bench, batch: TrainBatch, s: EndToEndSettings,
@@ -411,7 +412,7 @@ def format_report(report: dict[str, Any]) -> str:
             f"{r['gflop_per_step']:.1f} | {mfu} | {r['warmup_s']:.1f} |"
         )
     lines.append("trunk weights changed by the steps: " + ", ".join(
-        f"{stage} {'yes' if updated[stage] else 'no'}" for stage in STAGES))
+        f"{stage} {'yes' if updated[stage] else 'no'}" for stage in FRONT_END_STAGES))
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -31,8 +32,6 @@ from pipeline.finetune.data import Features, task_examples
 from pipeline.finetune.examples import ANSWER_TASKS
 from pipeline.finetune.tasks import task_model, task_objective, task_streams
 from pipeline.train.config import static_shapes
-from pipeline.extract.detector import load_extraction_detector
-from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end, require_images
 from pipeline.train.checkpoint import latest_checkpoint
 from pipeline.train.job import Job
 from pipeline.train.loop import count_steps
@@ -179,17 +178,16 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
         if config.task in ("nlvr2", "flickr30k"):
             raise ConfigError(f"visual.trainable: end-to-end training takes rows of one image; "
                               f"{config.task}'s rows have several (train it on frozen features)")
-        require_images(features[train[0].images[0]], ", ".join(config.data.shards))
-        detector, extraction = load_extraction_detector(visual.extract_config or None,
-                                                        visual.weights)
-        module, pixels = end_to_end(visual, module, detector, extraction.preprocess, device)
+        # Only here: the detector's modules import torchvision (~180 MB a worker process).
+        from pipeline.extract.detector import load_extraction_detector
+        from pipeline.train.end_to_end import train_detector_with
 
-        def save_detector(module: nn.Module, directory: Path) -> None:
-            fresh, _ = load_extraction_detector(visual.extract_config or None, visual.weights)
-            module.front_end.save_as_detector(fresh, directory / DETECTOR_FILE)
+        module, pixels, save_detector = train_detector_with(
+            visual, module, features[train[0].images[0]], ", ".join(config.data.shards), device,
+            partial(load_extraction_detector, visual.extract_config or None, visual.weights))
 
     def export(module: nn.Module) -> tuple[str, object, dict]:
-        module = module.model if isinstance(module, EndToEnd) else module
+        module = module.model if visual.trainable else module
         return config.arch, encoder_config, module.encoder.state_dict()
 
     return Job(

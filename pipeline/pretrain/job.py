@@ -5,6 +5,7 @@ and the check of a run's config before its workers start (`prepare_pretrain`).""
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -20,12 +21,10 @@ from pipeline.pretrain.data import JoinError, PretrainStream, TextStream, Valida
 from pipeline.pretrain.objectives import OBJECTIVES
 from pipeline.train.job import Job
 from pipeline.train.config import static_shapes
-from pipeline.extract.detector import load_extraction_detector
-from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd, end_to_end, require_images
 from pipeline.train.loop import count_steps
 from shards.reader import iter_samples, list_shards
 from shards.schema import Sample
-from shards.storage import as_path
+from shards.storage import as_path, sort_paths
 
 # The config's files and directories, made absolute before the run starts.
 PATHS = ("data.corpus", "data.shards", "data.tokenizer", "run.init_text", "visual.extract_config",
@@ -34,6 +33,8 @@ PATHS = ("data.corpus", "data.shards", "data.tokenizer", "run.init_text", "visua
 
 def first_sample(shards: list[Path]) -> Sample:
     """The first shard's first sample: its feature size, whether the shards keep images."""
+    if not shards or not shards[0].is_file():
+        raise JoinError(f"{shards[0]}: no such shard" if shards else "no shards given")
     for sample in iter_samples(shards[:1]):
         return sample
     raise ValueError(f"{shards[0]}: the shard holds no sample")
@@ -62,11 +63,16 @@ def prepare_pretrain(config: PretrainConfig) -> PretrainConfig:
     return config
 
 
+def train_shards(config: PretrainConfig) -> list[Path]:
+    """The run's shards, sorted."""
+    return sort_paths(shard for source in config.data.shards for shard in list_shards(source))
+
+
 def train_stream(config: PretrainConfig, rank: int, world: int) -> PretrainStream:
     """Worker `rank`'s training stream: the shards joined with the corpus training splits."""
     data = config.data
     return PretrainStream(
-        [shard for source in data.shards for shard in list_shards(source)],
+        train_shards(config),
         load_pairs(data.corpus, data.train_splits, data.sources or None),
         batch_size=config.micro_batch,
         rank=rank,
@@ -84,8 +90,7 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
     set_threads(config.run.threads_per_worker, world)
     data = config.data
     tokenizer = load_tokenizer(data.tokenizer or None)
-    train = train_stream(config, rank, world)
-    shards = train.shard_paths
+    shards = train_shards(config)
     first = first_sample(shards)
     corpus = as_path(data.corpus)
     config = derive(
@@ -96,6 +101,18 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
     )
     arch = ARCHS[config.arch]
     device = pick_device(config.run.device)
+    torch.manual_seed(config.run.seed)
+    module = arch.pretraining(config.model)
+    if config.run.init_text:
+        from model.checkpoints.bert import init_text_from_bert
+
+        report = init_text_from_bert(module, config.run.init_text)
+        if rank == 0:
+            print(report)
+    # On the device before the corpus is read: a GPU worker's host memory never holds both the
+    # weights (LXMERT's: 0.8 GB in float32) and the corpus table (9.18M pairs: 0.6 GB).
+    module.to(device)
+    train = train_stream(config, rank, world)
     objective = OBJECTIVES[config.arch][1](
         config.objective, tokenizer, max_text_length=data.max_text_length,
         max_boxes=data.max_boxes, static_shapes=static_shapes(config.run, device),
@@ -119,30 +136,21 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         if data.text_rows > 0
         else None
     )
-    torch.manual_seed(config.run.seed)
-    module = arch.pretraining(config.model)
-    if config.run.init_text:
-        from model.checkpoints.bert import init_text_from_bert
-
-        report = init_text_from_bert(module, config.run.init_text)
-        if rank == 0:
-            print(report)
 
     pixels = save_detector = None
     visual = config.visual
     if visual.trainable:
-        require_images(first, ", ".join(data.shards))
-        detector, extraction = load_extraction_detector(visual.extract_config or None,
-                                                        visual.weights)
-        module, pixels = end_to_end(visual, module, detector, extraction.preprocess, device)
+        # Only here: the detector's modules import torchvision (~180 MB a worker process).
+        from pipeline.extract.detector import load_extraction_detector
+        from pipeline.train.end_to_end import train_detector_with
 
-        def save_detector(module: nn.Module, directory: Path) -> None:
-            fresh, _ = load_extraction_detector(visual.extract_config or None, visual.weights)
-            module.front_end.save_as_detector(fresh, directory / DETECTOR_FILE)
+        module, pixels, save_detector = train_detector_with(
+            visual, module, first, ", ".join(data.shards), device,
+            partial(load_extraction_detector, visual.extract_config or None, visual.weights))
 
     def export(module: nn.Module) -> tuple[str, object, dict]:
         # LXMERT is exported whole (its QA head transfers to VQA / GQA); the others' encoders.
-        module = module.model if isinstance(module, EndToEnd) else module
+        module = module.model if visual.trainable else module
         part = module if type(module) in arch.saved else getattr(module, arch.encoder_attr)
         return config.arch, part.config, part.state_dict()
 

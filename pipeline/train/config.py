@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from extractor.front_end import VisualFrontEndConfig
+from extractor.config import VisualFrontEndConfig
 from model.archs import ARCH_NAMES
 from pipeline.common.config import ConfigError, check_positive
 

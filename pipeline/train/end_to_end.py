@@ -17,6 +17,9 @@ whole detector as DETECTOR_FILE, which `pipeline extract --weights` re-extracts 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -84,3 +87,23 @@ def end_to_end(visual: VisualConfig, model: nn.Module, detector: BUTDDetector,
                          flip_prob=visual.flip_prob,
                          size_multiple=size_multiple(device.type))  # as the Extractor
     return EndToEnd(front_end, model, mask_pixels=visual.mask_pixels), pixels
+
+
+def train_detector_with(
+    visual: VisualConfig, module: nn.Module, sample: Sample, shards: str, device: torch.device,
+    load_detector: Callable[[], tuple[BUTDDetector, object]],
+) -> tuple[EndToEnd, PixelConfig, Callable[[nn.Module, Path], None]]:
+    """`module` with the extraction's detector trained with it: the wrapped module, how the rows'
+    images join their batches, and what writes the trained detector beside a checkpoint
+    (DETECTOR_FILE in its directory). load_detector(): a fresh (detector, its extraction config)
+    at each call (pipeline/extract/detector.py). ConfigError when the shards hold no images
+    (`sample`: one of them; `shards` names their directories)."""
+    require_images(sample, shards)
+    detector, extraction = load_detector()
+    wrapped, pixels = end_to_end(visual, module, detector, extraction.preprocess, device)
+
+    def save_detector(module: nn.Module, directory: Path) -> None:
+        fresh, _ = load_detector()
+        module.front_end.save_as_detector(fresh, directory / DETECTOR_FILE)
+
+    return wrapped, pixels, save_detector

@@ -13,7 +13,7 @@ resized by extractor.preprocess with the detector's preprocessing, the pixel mea
 as the Extractor feeds its backbone), each image at the top left of its slot and zero-padded as
 the Extractor batches them (extractor/extractor.py `_batch`). The shard's boxes, in original
 pixels, map onto the resized image as the Extractor maps given boxes
-(extractor.front_end.scale_boxes).
+(extractor.preprocess.scale_boxes).
 
 VL-BERT flips training images left to right at random, with their boxes: a flipped row's image,
 its input-pixel boxes (flip_boxes with the resized width) and its normalised boxes (which the
@@ -29,8 +29,9 @@ import numpy as np
 import torch
 
 from extractor.config import DetectorConfig, PreprocessConfig
-from extractor.front_end import flip_boxes, scale_boxes
-from extractor.preprocess import PreparedImage, decode_image, pad_batch, resize_image
+from extractor.preprocess import (
+    PreparedImage, decode_image, flip_boxes, pad_batch, resize_image, scale_boxes,
+)
 from pipeline.train.batch import TrainBatch
 from shards.schema import Sample, SchemaError
 
