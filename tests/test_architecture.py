@@ -249,3 +249,16 @@ def test_libraries_load_without_ray_or_object_storage_packages():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
+
+
+def test_training_workers_load_the_detector_only_to_train_it():
+    """A pretraining or fine-tuning worker on frozen features imports neither the detector nor
+    torchvision (~180 MB of its memory); `visual.trainable` imports them in the job."""
+    modules = ["pipeline.pretrain.job", "pipeline.finetune.job", "pipeline.train.loop",
+               "pipeline.train.launch"]
+    code = (f"import sys\nfor m in {modules!r}: __import__(m)\n"
+            "print(sorted(m for m in ('torchvision', 'extractor.detector', 'extractor.front_end')"
+            " if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
