@@ -37,11 +37,15 @@ def test_a_pretraining_runs_driver_and_first_worker_at_a_small_size(tmp_path):
     world = make_pretrain_world(tmp_path / "world", 3500)
     assert len(list_shards(world / "shards")) == 4
     driver, worker = measure_driver(str(world)), measure_worker(str(world))
+    off_host = measure_worker(str(world), "off-host")
     assert driver["seconds"] > 0 and driver["mb"] >= 0
-    assert (worker["pairs"], worker["steps_in_epoch"]) == (64, 25_500 // 64)
-    assert 700 < worker["module_mb"] < 900  # LXMERT at paper size, float32
-    row = pretrain_row(3500, driver, worker)
+    for measured in (worker, off_host):
+        assert (measured["pairs"], measured["steps_in_epoch"]) == (64, 25_500 // 64)
+        assert 700 < measured["module_mb"] < 900  # LXMERT at paper size, float32
+    assert (worker["weights_on"], off_host["weights_on"]) == ("cpu", "meta")
+    row = pretrain_row(3500, driver, worker, off_host)
     assert (row["pairs"], row["worker_data_mb"]) == (178_500, worker["mb"] - worker["module_mb"])
+    assert row["off_host_peak_mb"] == off_host["process_mb"]
 
 
 def test_too_few_pretraining_images_for_a_shard_per_worker_are_refused():

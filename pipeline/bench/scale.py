@@ -549,7 +549,8 @@ def run(args: argparse.Namespace) -> int:
         for images in args.pretrain_images:
             world = str(make_pretrain_world(work / f"pretrain_{images}", images))
             rows.append(pretrain_row(images, _child("pretrain-driver", world),
-                                     _child("pretrain-worker", world)))
+                                     _child("pretrain-worker", world),
+                                     _child("pretrain-worker", world, "off-host")))
         block = results["pretrain"] = _sized(rows, "images", PRETRAIN_COSTS)
         print(pretrain_table(block["rows"], block["exponents"]))
     if args.json:

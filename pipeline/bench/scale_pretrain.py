@@ -9,7 +9,10 @@ with configs/pretrain/lxmert.yaml and WORKERS training workers:
 - the driver: `prepare_pretrain` (the corpus read, the shards' headers scanned, the steps counted
   before Ray starts);
 - worker 0 of WORKERS: `pretrain_job` (its training and validation streams, the paper-size model)
-  and its first training batch.
+  and the first batch of its data worker 0 of DATA_WORKERS (the feed's processes, each building
+  every DATA_WORKERS-th step of the epoch);
+- worker 0 again with its weights off the host, as on a GPU worker, where `pretrain_job` moves
+  them to the GPU before reading the corpus: here to torch's meta device, which holds no memory.
 Each reports its wall time and the memory it grew by (VmHWM less the RSS after imports); the
 worker's also without the model's parameters and optimizer-free buffers (its module's bytes).
 """
@@ -20,6 +23,7 @@ import json
 import random
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -31,6 +35,7 @@ IMAGES_PER_SHARD = 1000
 MINIVAL = 500
 REGIONS, FEATURE_DIM = 36, 64
 WORKERS = 4
+DATA_WORKERS = 4
 
 
 def make_pretrain_world(folder: Path, images: int) -> Path:
@@ -91,49 +96,60 @@ def measure_driver(world: str) -> dict:
             "process_mb": memory_mb("VmHWM")}
 
 
-def measure_worker(world: str) -> dict:
-    """Worker 0 of WORKERS in this process: `pretrain_job`, then its first training batch."""
+def measure_worker(world: str, weights: str = "host") -> dict:
+    """Worker 0 of WORKERS in this process: `pretrain_job`, then the first batch of its first
+    data worker. weights "off-host": the model on the meta device (a GPU worker's host memory)."""
+    import torch
+
+    import pipeline.pretrain.job as job_module
     from pipeline.bench.process_memory import memory_mb
     from pipeline.common.config import to_dict
-    from pipeline.pretrain.job import pretrain_job
     from pipeline.train.feed import BatchBuilder, Micro
 
     values = to_dict(_config(Path(world)))
+    device = torch.device("meta" if weights == "off-host" else "cpu")
     before_mb, start = memory_mb("VmRSS"), time.perf_counter()
-    job = pretrain_job(values, 0, WORKERS)
+    with mock.patch.object(job_module, "pick_device", lambda name: device):
+        job = job_module.pretrain_job(values, 0, WORKERS)
     built = time.perf_counter()
     module_mb = sum(t.nbytes for t in [*job.module.parameters(), *job.module.buffers()]) / 2**20
     builder = BatchBuilder(job.train, job.objective, job.texts, seed=0, rank=0)
-    pairs = sum(batch.size for _, batch in builder.batches([Micro(0, 0, 0)]))
+    steps = job.train.steps_in_epoch(0)
+    share = [Micro(0, step, step) for step in range(0, steps, DATA_WORKERS)]
+    _, batch = next(builder.batches(share))
     return {"job_s": built - start, "first_batch_s": time.perf_counter() - built,
-            "pairs": pairs, "steps_in_epoch": job.train.steps_in_epoch(0),
+            "pairs": batch.size, "steps_in_epoch": steps,
             "mb": memory_mb("VmHWM") - before_mb, "module_mb": module_mb,
-            "process_mb": memory_mb("VmHWM")}
+            "process_mb": memory_mb("VmHWM"),
+            "weights_on": next(job.module.parameters()).device.type}
 
 
 PRETRAIN_COSTS = ["driver_s", "driver_mb", "worker_s", "worker_data_mb"]
 
 
-def pretrain_row(images: int, driver: dict, worker: dict) -> dict:
+def pretrain_row(images: int, driver: dict, worker: dict, off_host: dict) -> dict:
     """One size's numbers, flat: the driver's and worker 0's time and memory growth, the worker's
-    growth less the model's weights (its data: streams, corpus table, shard keys)."""
+    growth less the model's weights (its data: streams, corpus table, shard keys), and its peak
+    with the weights off the host."""
     return {"images": images, "pairs": images * sum(PER_IMAGE), "driver_s": driver["seconds"],
             "driver_mb": driver["mb"], "driver_peak_mb": driver["process_mb"],
             "worker_s": worker["job_s"], "worker_mb": worker["mb"],
             "worker_data_mb": worker["mb"] - worker["module_mb"],
             "worker_peak_mb": worker["process_mb"], "module_mb": worker["module_mb"],
+            "off_host_peak_mb": off_host["process_mb"],
             "first_batch_s": worker["first_batch_s"], "steps_in_epoch": worker["steps_in_epoch"]}
 
 
 def pretrain_table(rows: list[dict], fitted: dict[str, float]) -> str:
-    lines = [f"pretraining: prepare_pretrain (driver) and pretrain_job (worker 0 of {WORKERS}), "
-             f"51 pairs an image",
+    lines = [f"pretraining: prepare_pretrain (driver) and pretrain_job (worker 0 of {WORKERS}; "
+             f"its peak also with the weights off the host, as on a GPU), 51 pairs an image",
              f"{'images':>8} {'pairs':>10} {'driver s':>9} {'+MB':>6} {'peak MB':>8} "
-             f"{'worker s':>9} {'+MB':>6} {'of it data':>10} {'peak MB':>8} {'1st batch s':>11} "
-             f"{'steps':>7}"]
+             f"{'worker s':>9} {'+MB':>6} {'of it data':>10} {'peak MB':>8} {'off host':>8} "
+             f"{'1st batch s':>11} {'steps':>7}"]
     lines += [f"{r['images']:>8,} {r['pairs']:>10,} {r['driver_s']:>9.1f} {r['driver_mb']:>6.0f} "
               f"{r['driver_peak_mb']:>8.0f} {r['worker_s']:>9.1f} {r['worker_mb']:>6.0f} "
               f"{r['worker_data_mb']:>10.0f} {r['worker_peak_mb']:>8.0f} "
-              f"{r['first_batch_s']:>11.1f} {r['steps_in_epoch']:>7,}" for r in rows]
+              f"{r['off_host_peak_mb']:>8.0f} {r['first_batch_s']:>11.1f} "
+              f"{r['steps_in_epoch']:>7,}" for r in rows]
     lines.append(fitted_line(fitted))
     return "\n".join(lines)

@@ -358,11 +358,14 @@ class PretrainStream:
         """Batches of steps start_step..steps_in_epoch(epoch)-1 of this rank, each exactly
         batch_size (Pair, Sample) rows; identical to those steps of an uninterrupted iteration.
         keep: only the steps in it (a data worker's share); the others are neither yielded nor
-        decoded."""
+        decoded, and the stream ends with the last of them."""
         steps = self.steps_in_epoch(epoch)
         if not 0 <= start_step <= steps:
             raise ValueError(f"start_step {start_step} not in [0, {steps}] for epoch {epoch}")
         shards = split_by_node(self._assignment(epoch), self.rank, self.world_size)
+        if keep is not None:  # the stream ends with the last step kept
+            steps = 1 + max((step for step in keep if start_step <= step < steps),
+                            default=start_step - 1)
         skip, end = start_step * self.batch_size, steps * self.batch_size
         wanted = _everything
         if skip or keep is not None:
