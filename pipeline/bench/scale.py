@@ -14,9 +14,10 @@ costs are fitted to `a * n ** k` over the sizes: k is the exponent reported. Wit
 from the disk a whole run, a run killed once half its shards are written, then resumed (time to
 its first new unit; records and sample digests against the whole run), `shards verify` and
 `export-tsv` of the whole run's shards; from the S3 server (--extract-from) a whole run with the
-requests it made. --corpus-pairs, --feed-batches and --pretrain-images measure pretraining's
-data at LXMERT's size (scale_corpus.py, scale_pretrain.py), --build-images the building of its
-corpus from the raw annotation files (scale_build.py).
+requests it made, and one killed at half and resumed, with the resumed run's requests.
+--corpus-pairs, --feed-batches and --pretrain-images measure pretraining's data at LXMERT's size
+(scale_corpus.py, scale_pretrain.py), --build-images the building of its corpus from the raw
+annotation files (scale_build.py).
 
 The roots are kept in --work and reused by later runs of the same sizes.
 """
@@ -114,7 +115,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--extract-from", choices=("disk", "s3", "both"), default="disk",
                         help="with --extract-sizes: extract the roots on the local disk (a whole "
                         "run, a killed one resumed, verify and export-tsv), from the S3 server "
-                        "(a whole run, with the requests it made: needs --s3), or both")
+                        "(a whole run and a killed one resumed, with the requests each made: needs "
+                        "--s3), or both")
     parser.add_argument("--corpus-pairs", metavar="SIZES", type=url_counts,
                         help="also read LXMERT-shaped corpora of these pair counts (51 an image; "
                         "LXMERT's is 9180000) as pretraining does (pipeline/bench/scale_corpus.py)")
@@ -243,6 +245,30 @@ def written(out: Path) -> tuple[dict[str, str], int]:
     return found, records
 
 
+def kill_at_half(root: str, whole: Path, broken: Path, engine: str,
+                 env: dict | None = None) -> int:
+    """`root` extracted into `broken` and killed once half the shards of the whole run into
+    `whole` are written: the shards written by then."""
+    shards = len(list(whole.glob("*_stats.json")))
+    command = [sys.executable, "-m", "pipeline.bench.scale", "extract", root, str(broken), engine]
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    while len(list(broken.glob("*_stats.json"))) < shards // 2 and run.poll() is None:
+        time.sleep(0.05)
+    run.kill()
+    run.wait()
+    return len(list(broken.glob("*_stats.json")))
+
+
+def resumed(root: str, whole: Path, broken: Path, engine: str, killed_at: int,
+            env: dict | None = None) -> dict:
+    """The killed run into `broken` resumed: what it wrote, and whether the samples equal the
+    whole run's."""
+    numbers = _child("extract", root, str(broken), engine, env=env)
+    digests, records = written(broken)
+    return {"shards_before": killed_at, "of": len(list(whole.glob("*_stats.json"))), **numbers,
+            "records": records, "equal": digests == written(whole)[0]}
+
+
 def extract_row(root: Path, work: Path, urls: int, engine: str) -> dict:
     """A whole run, then a run killed at half its shards and resumed, with what each wrote."""
     import shutil
@@ -251,19 +277,8 @@ def extract_row(root: Path, work: Path, urls: int, engine: str) -> dict:
     for out in (whole, broken):
         shutil.rmtree(out, ignore_errors=True)
     row = {"urls": urls, **_child("extract", str(root), str(whole), engine)}
-    shards = len(list(whole.glob("*_stats.json")))
-    command = [sys.executable, "-m", "pipeline.bench.scale", "extract", str(root), str(broken),
-               engine]
-    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    while len(list(broken.glob("*_stats.json"))) < shards // 2 and run.poll() is None:
-        time.sleep(0.05)
-    run.kill()
-    run.wait()
-    killed_at = len(list(broken.glob("*_stats.json")))
-    resumed = _child("extract", str(root), str(broken), engine)
-    digests, records = written(broken)
-    row["resume"] = {"shards_before": killed_at, "of": shards, **resumed, "records": records,
-                     "equal": digests == written(whole)[0]}
+    killed_at = kill_at_half(str(root), whole, broken, engine)
+    row["resume"] = resumed(str(root), whole, broken, engine, killed_at)
     for verb in ("verify", "export"):
         row[verb] = _child("shards", verb, str(whole))
     whole.with_suffix(".tsv").unlink()
@@ -350,13 +365,20 @@ class S3Server:
 
     def measure_extract(self, root: str, out: Path, engine: str) -> dict:
         """A whole extraction of `root` (a URL on this server) into the local folder `out`, in a
-        fresh process, with the requests it made."""
+        fresh process, with the requests it made; then one killed at half and resumed, with the
+        requests of the resumed run (its re-plan and the rest of the images)."""
         import shutil
 
-        shutil.rmtree(out, ignore_errors=True)
+        broken = out.with_name(out.name + "_killed")
+        for folder in (out, broken):
+            shutil.rmtree(folder, ignore_errors=True)
         with self.recording() as requests:
             numbers = _child("extract", root, str(out), engine, env=self.env)
-        return {**numbers, **_counted(requests)}
+        killed_at = kill_at_half(root, out, broken, engine, env=self.env)
+        with self.recording() as resumed_requests:
+            resume = resumed(root, out, broken, engine, killed_at, env=self.env)
+        return {**numbers, **_counted(requests),
+                "resume": {**resume, **_counted(resumed_requests)}}
 
     def close(self) -> None:
         self.process.terminate()
@@ -423,14 +445,20 @@ def _extract_table(engine: str, rows: list[dict], fitted: dict) -> str:
 
 
 def _extract_s3_table(block: dict) -> str:
-    lines = [f"{block['engine']} engine, whole runs from S3 (moto), shards written locally",
+    lines = [f"{block['engine']} engine from S3 (moto), shards written locally: a whole run, "
+             f"then one killed at half and resumed (its requests: the re-plan and the rest)",
              f"{'urls':>10} {'images':>9} {'wall s':>8} {'img/s':>7} {'GETs':>8} "
-             f"{'GETs/image':>10} {'MB read':>8}"]
+             f"{'GETs/image':>10} {'MB read':>8} {'killed at':>10} {'first new s':>11} "
+             f"{'GETs':>7} {'MB read':>8} {'equal':>6}"]
     for r in block["rows"]:
-        gets = r["requests_by_method"].get("GET", 0)
+        gets, resume = r["requests_by_method"].get("GET", 0), r["resume"]
         lines.append(f"{r['urls']:>10,} {r['extracted']:>9,} {r['wall_s']:>8.1f} "
                      f"{r['extracted'] / r['wall_s']:>7.0f} {gets:>8,} "
-                     f"{gets / r['extracted']:>10.3f} {r['bytes_read'] / 1e6:>8.1f}")
+                     f"{gets / r['extracted']:>10.3f} {r['bytes_read'] / 1e6:>8.1f} "
+                     f"{resume['shards_before']:>4}/{resume['of']:<5} "
+                     f"{resume['first_unit_s']:>11.2f} "
+                     f"{resume['requests_by_method'].get('GET', 0):>7,} "
+                     f"{resume['bytes_read'] / 1e6:>8.1f} {str(resume['equal']):>6}")
     lines.append(fitted_line(block["exponents"]))
     return "\n".join(lines)
 
@@ -500,9 +528,13 @@ def run(args: argparse.Namespace) -> int:
                                                       f"scale-{urls}")
                     rows.append({"urls": urls, **server.measure_extract(
                         urls_of[urls], work / f"feats_{urls}_{engine}_s3", engine)})
+                resumes = [{"urls": r["urls"], "resume_first_unit_s": r["resume"]["first_unit_s"],
+                            "resume_requests": r["resume"]["requests"]} for r in rows]
                 extracted_s3[f"extract_s3_{engine}"] = {
                     "engine": engine, "rows": rows,
-                    "exponents": exponents(rows, ["wall_s", "requests", "bytes_read"])}
+                    "exponents": {**exponents(rows, ["wall_s", "requests", "bytes_read"]),
+                                  **exponents(resumes, ["resume_first_unit_s",
+                                                        "resume_requests"])}}
         finally:
             server.close()
     for storage, block in results.items():
