@@ -29,6 +29,7 @@ import torch.utils.data
 
 from shards.schema import Sample, SchemaError, decode_sample
 from shards.storage import Location, as_path, sort_paths
+from shards.tar_headers import headers
 
 
 def list_shards(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Location]:
@@ -121,13 +122,13 @@ def read_selected(
     current: str | None = None
     members: dict[str, bytes] | None = None
     try:
-        with path.open("rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-            for info in tar:
-                key, _, suffix = info.name.partition(".")
+        with path.open("rb") as f:
+            for name, offset, size, regular in headers(f):
+                key, _, suffix = name.partition(".")
                 if key not in selected:
                     continue
-                if not info.isfile():
-                    raise SchemaError(f"{path}: {key}: member {info.name!r} is not a file")
+                if not regular:
+                    raise SchemaError(f"{path}: {key}: member {name!r} is not a file")
                 if key != current:
                     if current is not None:
                         yield current, members
@@ -135,7 +136,10 @@ def read_selected(
                         raise SchemaError(f"{path} changed since it was scanned (at {key!r})")
                     current, members = key, ({} if wanted(key) else None)
                 if members is not None:
-                    members[suffix] = tar.extractfile(info).read()
+                    f.seek(offset)
+                    members[suffix] = payload = f.read(size)
+                    if len(payload) != size:
+                        raise tarfile.ReadError("unexpected end of data")
     except tarfile.TarError as e:
         raise unreadable_tar(path, current, e) from e
     if current is not None:

@@ -27,6 +27,7 @@ import numpy as np
 from shards.reader import check_end_marker, decode_checked, list_shards, unreadable_tar
 from shards.schema import Sample, SchemaError, make_key
 from shards.storage import Location, as_path, is_url, read_range, write_atomic
+from shards.tar_headers import headers
 
 # What earlier versions wrote into the shard directory itself (extraction still recognises it).
 INDEX_NAME = "store_index.npz"
@@ -173,12 +174,13 @@ class FeatureStore:
             span = os.pread(self._fd(shard), length, offset)
         members = {}
         try:
-            with tarfile.open(fileobj=io.BytesIO(span), mode="r:") as tar:
-                for info in tar:
-                    member_key, _, suffix = info.name.partition(".")
-                    if member_key != key:
-                        raise SchemaError(f"{path}: stale index points {key!r} at {info.name!r}")
-                    members[suffix] = tar.extractfile(info).read()
+            for name, start, size, _ in headers(io.BytesIO(span)):
+                member_key, _, suffix = name.partition(".")
+                if member_key != key:
+                    raise SchemaError(f"{path}: stale index points {key!r} at {name!r}")
+                members[suffix] = span[start:start + size]
+                if len(members[suffix]) != size:
+                    raise tarfile.ReadError("unexpected end of data")
         except tarfile.TarError as e:
             raise unreadable_tar(path, key, e) from e
         return decode_checked(path, key, members)
