@@ -123,7 +123,7 @@ def read_selected(
     members: dict[str, bytes] | None = None
     try:
         with path.open("rb") as f:
-            for name, offset, size, regular in headers(f):
+            for name, _, offset, size, regular in headers(f):
                 key, _, suffix = name.partition(".")
                 if key not in selected:
                     continue

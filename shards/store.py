@@ -60,14 +60,14 @@ def scan_shard(path: Location) -> Iterator[tuple[str, int, int]]:
     check_end_marker(path)
     key, start, end = None, 0, 0
     try:
-        with path.open("rb") as f, tarfile.open(fileobj=f, mode="r:") as tar:
-            for info in tar:
-                member_key = info.name.partition(".")[0]
+        with path.open("rb") as f:
+            for name, offset, offset_data, size, _ in headers(f):
+                member_key = name.partition(".")[0]
                 if member_key != key:
                     if key is not None:
                         yield key, start, end - start
-                    key, start = member_key, info.offset
-                end = info.offset_data + -(-info.size // _BLOCK) * _BLOCK
+                    key, start = member_key, offset
+                end = offset_data + -(-size // _BLOCK) * _BLOCK
     except tarfile.TarError as e:
         raise unreadable_tar(path, key, e) from e
     if key is not None:
@@ -174,7 +174,7 @@ class FeatureStore:
             span = os.pread(self._fd(shard), length, offset)
         members = {}
         try:
-            for name, start, size, _ in headers(io.BytesIO(span)):
+            for name, _, start, size, _ in headers(io.BytesIO(span)):
                 member_key, _, suffix = name.partition(".")
                 if member_key != key:
                     raise SchemaError(f"{path}: stale index points {key!r} at {name!r}")

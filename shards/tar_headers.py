@@ -19,9 +19,10 @@ _PLAIN = (b"0", b"\0")  # a regular file's type flags
 _BLANK = 8 * ord(" ")  # the checksum field counted as spaces
 
 
-def headers(f: BinaryIO) -> Iterator[tuple[str, int, int, bool]]:
-    """(name, data offset, size, whether a regular file) of each member of the tar open in `f`
-    from its current position, in order. The caller may read a member's data (f.seek(offset),
+def headers(f: BinaryIO) -> Iterator[tuple[str, int, int, int, bool]]:
+    """(name, header offset, data offset, size, whether a regular file) of each member of the tar
+    open in `f` from its current position, in order (a member's header offset is that of its
+    first header, an extended one included). The caller may read a member's data (f.seek(offset),
     f.read(size)) before asking for the next one. A damaged or cut header ends the members or
     raises tarfile.TarError exactly where tarfile would."""
     offset = f.tell()
@@ -42,11 +43,11 @@ def headers(f: BinaryIO) -> Iterator[tuple[str, int, int, bool]]:
         if prefix:
             name = prefix + b"/" + name
         size = tarfile.nti(block[124:136])
-        yield name.decode("utf-8", "surrogateescape"), offset + BLOCK, size, True
+        yield name.decode("utf-8", "surrogateescape"), offset, offset + BLOCK, size, True
         offset += BLOCK + -(-size // BLOCK) * BLOCK
 
 
-def _by_tarfile(f: BinaryIO) -> Iterator[tuple[str, int, int, bool]]:
+def _by_tarfile(f: BinaryIO) -> Iterator[tuple[str, int, int, int, bool]]:
     with tarfile.open(fileobj=f, mode="r:") as tar:
         for info in tar:  # each header read at tarfile's own offset: the caller may seek
-            yield info.name, info.offset_data, info.size, info.isfile()
+            yield info.name, info.offset, info.offset_data, info.size, info.isfile()

@@ -15,12 +15,12 @@ from shards.writer import ShardWriter
 from test_pretrain_data import fake_sample
 
 
-def by_tarfile(data: bytes) -> list[tuple[str, int, int, bool]]:
+def by_tarfile(data: bytes) -> list[tuple[str, int, int, int, bool]]:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-        return [(i.name, i.offset_data, i.size, i.isfile()) for i in tar]
+        return [(i.name, i.offset, i.offset_data, i.size, i.isfile()) for i in tar]
 
 
-def by_headers(data: bytes) -> list[tuple[str, int, int, bool]]:
+def by_headers(data: bytes) -> list[tuple[str, int, int, int, bool]]:
     return list(headers(io.BytesIO(data)))
 
 
@@ -47,7 +47,7 @@ def test_a_shards_headers_are_tarfiles(tmp_path):
     assert found == by_tarfile(data)
     assert len({name.partition(".")[0] for name, *_ in found}) == 5
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        for name, offset, size, _ in found:  # the offsets point at the payloads
+        for name, _, offset, size, _ in found:  # the offsets point at the payloads
             assert data[offset:offset + size] == tar.extractfile(name).read()
 
 
