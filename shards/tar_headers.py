@@ -29,9 +29,8 @@ def headers(f: BinaryIO) -> Iterator[tuple[str, int, int, int, bool]]:
     while True:
         f.seek(offset)
         block = f.read(BLOCK)
-        if (len(block) < BLOCK or block[156:157] not in _PLAIN
-                or block[257:263] != b"ustar\x00"
-                or tarfile.nti(block[148:156]) != sum(block) - sum(block[148:156]) + _BLANK):
+        size = _plain_size(block)
+        if size is None:
             # tarfile's verdict from here: the end (a zero block, or none), an extended header,
             # another kind of member, a damaged or cut header (an error on the first, the end
             # after it), or a checksum that is not the unsigned sum (tarfile takes a signed one)
@@ -42,9 +41,21 @@ def headers(f: BinaryIO) -> Iterator[tuple[str, int, int, int, bool]]:
         prefix = block[345:500].split(b"\0", 1)[0]
         if prefix:
             name = prefix + b"/" + name
-        size = tarfile.nti(block[124:136])
         yield name.decode("utf-8", "surrogateescape"), offset, offset + BLOCK, size, True
         offset += BLOCK + -(-size // BLOCK) * BLOCK
+
+
+def _plain_size(block: bytes) -> int | None:
+    """The size of a plain ustar file whose header is `block`, its checksum right; None for
+    anything else."""
+    if len(block) < BLOCK or block[156:157] not in _PLAIN or block[257:263] != b"ustar\x00":
+        return None
+    try:
+        if tarfile.nti(block[148:156]) != sum(block) - sum(block[148:156]) + _BLANK:
+            return None
+        return tarfile.nti(block[124:136])
+    except tarfile.HeaderError:  # a field that is not a number
+        return None
 
 
 def _by_tarfile(f: BinaryIO) -> Iterator[tuple[str, int, int, int, bool]]:

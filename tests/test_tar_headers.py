@@ -94,6 +94,9 @@ def test_damaged_cut_and_empty_tars_end_or_fail_where_tarfile_does():
         bad_sum, bad_size = bytearray(data), bytearray(data)
         bad_sum[at + 5] ^= 1  # the name changed, the checksum not
         bad_size[at + 124:at + 136] = b"9" * 12  # not octal
-        for damaged in (bytes(bad_sum), bytes(bad_size), data[:at + 300], data[:at]):
+        bad_field = bytearray(data)
+        bad_field[at + 148:at + 156] = b"zzzzzz\0 "  # a checksum that is not a number
+        for damaged in (bytes(bad_sum), bytes(bad_size), bytes(bad_field), data[:at + 300],
+                        data[:at]):
             assert same_as_tarfile(damaged) == (at == 0)
     assert not same_as_tarfile(bytes(10240))  # end-of-archive blocks only: no member
