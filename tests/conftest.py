@@ -13,6 +13,11 @@ from pathlib import Path
 
 import pytest
 
+# A Ray that a test starts itself runs its workers with this interpreter, as `ray_session` has the
+# command's Ray do: under `uv run`, Ray's hook would build each session a virtual environment of
+# its own from a copy of the working directory (~80 s on two cores). Read when ray is imported.
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
 # The local S3 server (fixtures s3_server, bucket); the CPU image built with podman (cpu_image).
 pytest_plugins = ["s3_server", "podman_image"]
 

@@ -76,7 +76,8 @@ def gpu_tests(quick: bool) -> dict:
     return {"ran": True, "exit_code": done.returncode, "summary": lines[-1] if lines else ""}
 
 
-QUICK_DETECTOR = ["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64"]
+QUICK_DETECTOR = ["detector.depth=18", "detector.width=16", "detector.rpn_hidden=64",
+                  "preprocess.min_size=96", "preprocess.max_size=160"]
 
 
 def suite_weights(quick: bool, device: str | None, scratch: str) -> str:
