@@ -264,6 +264,8 @@ def test_a_cc3m_download_with_given_boxes_is_read_by_ray_as_by_the_local_engine(
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # ~45 s on two cores, mostly Ray starting four workers; S3 and Ray each have
+# default tests (test_read_images.py, test_object_storage_runs.py, the two Ray tests above)
 def test_decoders_share_one_index_of_each_tar_on_s3(s3, tmp_path, monkeypatch):
     """Three decoders read the tars of a download on moto's S3, yet each tar is read from its
     start twice only: its head by the listing and its index pass by the shared indexer (before,
