@@ -14,7 +14,7 @@ from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.extract.output import Tally
 
 TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=64",
-        "--random-weights"]
+        "--set", "preprocess.min_size=96", "--set", "preprocess.max_size=160", "--random-weights"]
 
 
 def test_bench_extract_prints_one_row_per_setting(capsys, tmp_path):

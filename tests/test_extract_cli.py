@@ -24,7 +24,9 @@ from shards.reader import iter_samples
 from shards.store import INDEX_NAME, FeatureStore
 from shards.verify import verify_shards
 
+# A small detector on small images (the photos are resized to 96-160 pixels, not 600-1000).
 TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=32",
+        "--set", "preprocess.min_size=96", "--set", "preprocess.max_size=160",
         "--set", "output.shard_size=3", "--set", "run.batch_size=2", "--device", "cpu",
         "--engine", "local"]
 
@@ -230,7 +232,7 @@ def test_rerun_with_another_config_is_refused_naming_what_differs(photo_folder, 
     err = capsys.readouterr().err
     assert err.startswith(f"pipeline: config error: {out} holds shards made with other settings")
     for change in ("config.preset: 'caffe' -> 'lxmert'", "config.selection.mode: 'adaptive' -> "
-                   "'fixed'", "config.preprocess.max_size: 1000 -> 900"):
+                   "'fixed'", "config.preprocess.max_size: 160 -> 900"):
         assert change in err
     assert "config.preprocess.min_size" not in err and err.count("\n") == 1
     assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == shards
@@ -245,7 +247,9 @@ def test_concurrent_run_into_one_directory_is_refused(tmp_path):
 
 def test_fixed_preset_and_given_boxes(photo_folder, tmp_path):
     out = tmp_path / "fixed"
-    assert _run(photo_folder, out, "--preset", "lxmert", "--set", "save_class_probs=true") == 0
+    # At the preset's own sizes: the tiny detector at 96-160 pixels proposes fewer than 36.
+    assert _run(photo_folder, out, "--preset", "lxmert", "--set", "save_class_probs=true",
+                "--set", "preprocess.min_size=600", "--set", "preprocess.max_size=1000") == 0
     for sample in iter_samples(out):
         assert sample.num_boxes == 36 and sample.meta["box_mode"] == "fixed"
         assert sample.arrays["cls_probs"].shape == (36, 1601)
@@ -339,9 +343,9 @@ def test_a_bad_weights_file_is_one_line_and_runs_nothing(photo_folder, tmp_path,
         (["--set", "preprocess.min_size=0"], "preprocess.min_size = 0: must be positive"),
         (["--set", "preprocess.max_size=-1"], "preprocess.max_size = -1: must be positive"),
         (["--set", "preprocess.min_size=1200"], "preprocess.min_size = 1200: must be <= "
-         "max_size = 1000"),
+         "max_size = 160"),
         (["--set", "preprocess.min_side=700"], "preprocess.min_side = 700: must be <= "
-         "min_size = 600"),
+         "min_size = 96"),
         (["--set", "run.batch_size=-8"], "run.batch_size = -8: must be positive"),
         (["--batch-size", "0"], "run.batch_size = 0: must be positive"),
         (["--set", "output.shard_size=0"], "output.shard_size = 0: must be positive"),

@@ -14,7 +14,8 @@ from pipeline.extract.progress import ExtractProgress
 from progress_bars import RecordingBar
 
 TINY = ["--set", "detector.depth=18", "--set", "detector.width=16",
-        "--set", "detector.rpn_hidden=32", "--device", "cpu", "--random-weights"]
+        "--set", "detector.rpn_hidden=32", "--set", "preprocess.min_size=96",
+        "--set", "preprocess.max_size=160", "--device", "cpu", "--random-weights"]
 
 
 @pytest.fixture
