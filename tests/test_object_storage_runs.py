@@ -98,8 +98,8 @@ def test_extraction_from_and_to_s3_resumes_exactly_once(world_shards, bucket, tm
     assert log.count("=== run:") == 2  # the killed run's header was uploaded at once
 
 
-SETS = ["data.batch_size=16", "run.max_steps=30", "run.epochs=100", "run.val_every=30",
-        "run.checkpoint_every=10", "run.keep_checkpoints=2"]
+SETS = ["data.batch_size=16", "run.max_steps=20", "run.epochs=100", "run.val_every=20",
+        "run.checkpoint_every=8", "run.keep_checkpoints=2"]
 
 
 def test_pretraining_from_s3_shards_into_an_s3_run_resumes_its_losses(
@@ -119,19 +119,19 @@ def test_pretraining_from_s3_shards_into_an_s3_run_resumes_its_losses(
     process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     checkpoints = f"{run}/checkpoints"
-    first = f"{checkpoints}/step_{10:08d}/position.json"
-    kill_when(process, lambda: stored(first).exists(), "checkpoint 10 on S3")
-    assert not (stored(checkpoints) / f"step_{30:08d}").exists()
+    first = f"{checkpoints}/step_{8:08d}/position.json"
+    kill_when(process, lambda: stored(first).exists(), "checkpoint 8 on S3")
+    assert not (stored(checkpoints) / f"step_{20:08d}").exists()
 
     done = subprocess.run([*command, "--resume"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed from" in done.stdout + done.stderr
     expected, got = train_losses(whole), train_losses(run)
-    assert sorted(got) == list(range(1, 31))
+    assert sorted(got) == list(range(1, 21))
     assert got == expected  # every step: before the kill, and after the resume
     names = sorted(p.name for p in stored(checkpoints).iterdir())
-    assert names == [f"step_{20:08d}", f"step_{30:08d}"]  # keep_checkpoints=2 on the store too
-    for name in ("config.yaml", "loss_curves.png", "checkpoints/step_00000030/model/config.json"):
+    assert names == [f"step_{16:08d}", f"step_{20:08d}"]  # keep_checkpoints=2 on the store too
+    for name in ("config.yaml", "loss_curves.png", "checkpoints/step_00000020/model/config.json"):
         assert (stored(run) / name).exists(), name
 
 
