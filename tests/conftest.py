@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-# A Ray that a test starts itself runs its workers with this interpreter, as `ray_session` has the
-# command's Ray do: under `uv run`, Ray's hook would build each session a virtual environment of
-# its own from a copy of the working directory (~80 s on two cores). Read when ray is imported.
+# Every Ray the suite starts runs its workers with this interpreter, as `ray_session` has a
+# command's Ray do: under `uv run`, Ray's hook would build each session a virtual environment from
+# a copy of the working directory (~60 s and 7 GB in /tmp/ray on two cores). Ray reads the variable
+# when first imported, which in the suite comes before any `ray_session` could set it.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 # The local S3 server (fixtures s3_server, bucket); the CPU image built with podman (cpu_image).
