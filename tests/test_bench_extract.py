@@ -6,6 +6,7 @@ from collections import Counter
 
 import pytest
 import torch
+from tiny_detector import TINY_DETECTOR
 
 from pipeline.bench.extract import STAGES, steady_rate, steady_stage_ms, with_mfu
 from pipeline.bench.peaked import QUANTILES, SCALES, logit_scale, peaked_weights
@@ -13,8 +14,7 @@ from pipeline.cli import main
 from pipeline.common.assets import SAMPLE_IMAGES
 from pipeline.extract.output import Tally
 
-TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=64",
-        "--set", "preprocess.min_size=96", "--set", "preprocess.max_size=160", "--random-weights"]
+TINY = [*TINY_DETECTOR, "--set", "detector.rpn_hidden=64", "--random-weights"]
 
 
 def test_bench_extract_prints_one_row_per_setting(capsys, tmp_path):

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from PIL import Image
+from tiny_detector import TINY_DETECTOR
 
 from pipeline.cli import main
 from pipeline.datasets import READERS, DatasetError, list_images, nlvr2_image_ids
@@ -27,10 +28,8 @@ IMAGES, SEED = 40, 5
 # process. Regressed boxes are saved because they are clipped to the image in original pixels;
 # a raw proposal along the border can come back a float32 rounding step outside it.
 TINY = ["--set", "run.engine=local", "--device", "cpu", "--set", "selection.saved_boxes=regressed",
-        "--set", "detector.depth=18", "--set", "detector.width=16",
-        "--set", "detector.rpn_hidden=32", "--set", "detector.rpn_pre_nms_topk=300",
+        *TINY_DETECTOR, "--set", "detector.rpn_pre_nms_topk=300",
         "--set", "detector.rpn_post_nms_topk=20", "--set", "detector.pooler_resolution=6",
-        "--set", "preprocess.min_size=96", "--set", "preprocess.max_size=160",
         "--set", "selection.min_boxes=2", "--set", "output.shard_size=16",
         "--set", "run.batch_size=4", "--set", "run.decode_threads=1", "--random-weights"]
 

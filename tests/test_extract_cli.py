@@ -13,6 +13,7 @@ import safetensors.torch
 import torch
 from PIL import Image
 from skimage import data
+from tiny_detector import TINY_DETECTOR
 
 from extractor.config import PreprocessConfig
 from pipeline.cli import main
@@ -24,11 +25,8 @@ from shards.reader import iter_samples
 from shards.store import INDEX_NAME, FeatureStore
 from shards.verify import verify_shards
 
-# A small detector on small images (the photos are resized to 96-160 pixels, not 600-1000).
-TINY = ["--set", "detector.depth=18", "--set", "detector.width=16", "--set", "detector.rpn_hidden=32",
-        "--set", "preprocess.min_size=96", "--set", "preprocess.max_size=160",
-        "--set", "output.shard_size=3", "--set", "run.batch_size=2", "--device", "cpu",
-        "--engine", "local"]
+TINY = [*TINY_DETECTOR, "--set", "output.shard_size=3", "--set", "run.batch_size=2",
+        "--device", "cpu", "--engine", "local"]
 
 
 def _png_header_only(width: int, height: int) -> bytes:

@@ -5,17 +5,16 @@ import time
 
 import pytest
 from PIL import Image
+from progress_bars import RecordingBar
 from skimage import data
+from tiny_detector import TINY_DETECTOR
 
 import pipeline.extract.job
 from pipeline.cli import main
 from pipeline.extract.output import ShardSink
 from pipeline.extract.progress import ExtractProgress
-from progress_bars import RecordingBar
 
-TINY = ["--set", "detector.depth=18", "--set", "detector.width=16",
-        "--set", "detector.rpn_hidden=32", "--set", "preprocess.min_size=96",
-        "--set", "preprocess.max_size=160", "--device", "cpu", "--random-weights"]
+TINY = [*TINY_DETECTOR, "--device", "cpu", "--random-weights"]
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from progress_bars import RecordingBar
 from skimage import data
+from tiny_detector import TINY_DETECTOR
 
 import pipeline.extract.job
 from pipeline.bench.scale import make_root
@@ -26,14 +28,11 @@ from pipeline.common.config import ConfigError
 from pipeline.datasets import list_images
 from pipeline.extract.config import EngineConfig
 from pipeline.extract.ray_engine import RayEngine, RayLayout, plan_layout
-from progress_bars import RecordingBar
 from shards.reader import iter_samples
 from shards.verify import verify_shards
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["--set", "detector.depth=18", "--set", "detector.width=16",
-        "--set", "detector.rpn_hidden=32", "--set", "preprocess.min_size=96",
-        "--set", "preprocess.max_size=160", "--set", "output.shard_size=4",
+TINY = [*TINY_DETECTOR, "--set", "output.shard_size=4",
         "--device", "cpu", "--batch-size", "2", "--random-weights"]
 NUM_SHARDS = 5
 TIMEOUT = 300
