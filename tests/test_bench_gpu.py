@@ -3,6 +3,8 @@ GPU can run it unchanged first thing."""
 
 import json
 
+import pytest
+
 from pipeline.bench.gpu import gpu_test_files, main
 
 
@@ -44,6 +46,14 @@ def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
     assert "## End-to-end training" in text and "trunk weights changed" in text
     assert "## The training step of the four architectures" in text and "| vilbert | bf16 |" in text
     assert "## One attention call, kernel by kernel" in text and "| 20 | 20 | bias |" in text
+
+
+def test_an_out_folder_that_cannot_be_made_is_one_line_before_anything_runs(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as exited:
+        main(["--quick", "--device", "cpu", "--out", str(tmp_path / "file" / "docs")])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("docs: Not a directory")
 
 
 def test_the_gpu_tests_are_collected_from_their_own_files_only():

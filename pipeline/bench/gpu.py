@@ -284,7 +284,10 @@ def main(argv: list[str] | None = None) -> int:
                         "the training runs with our layers compiled")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # before anything runs: the tables would have nowhere to go
+        parser.error(f"--out {out}: {err.strerror}")
     started = time.time()
     report = {"command": "python -m pipeline.bench.gpu " + " ".join(argv or sys.argv[1:]),
               "hardware": hardware(), "date": time.strftime("%Y-%m-%d", time.gmtime(started))}
