@@ -4,6 +4,7 @@ lines (`Steps`)."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -44,6 +45,20 @@ def _train_logged(build, config, run: Path) -> float:
     return time.perf_counter() - start
 
 
+def _exit_with(parent: int) -> None:
+    """A worker's start: exit within a second once the demo's process `parent` has gone (killed:
+    `kill`, a scheduler's time limit), instead of training on into run directories that the next
+    demo resumes. Ctrl-C needs none of this: it reaches every process of the terminal."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-demo", daemon=True).start()
+
+
 def _last_step(run: Path) -> int:
     from pipeline.train.logs import METRICS, read_metrics
 
@@ -54,7 +69,8 @@ def _last_step(run: Path) -> int:
 class Trainings:
     """Training runs, `parallel` at once in worker processes (each run's output in its
     train.log), with a progress line every half minute; with parallel <= 1 each run trains in
-    this process when it is submitted. A finished run (its `done` file) is not trained again."""
+    this process when it is submitted. A finished run (its `done` file) is not trained again.
+    The workers exit when this process is killed."""
 
     def __init__(self, parallel: int) -> None:
         self.pool, self.futures = None, {}
@@ -63,7 +79,8 @@ class Trainings:
             from concurrent.futures import ProcessPoolExecutor
 
             context = multiprocessing.get_context("spawn")  # no forked torch threads or Ray state
-            self.pool = ProcessPoolExecutor(parallel, mp_context=context)
+            self.pool = ProcessPoolExecutor(parallel, mp_context=context, initializer=_exit_with,
+                                            initargs=(os.getpid(),))
 
     def __enter__(self) -> Trainings:
         return self
