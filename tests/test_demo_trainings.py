@@ -24,29 +24,34 @@ with Trainings(2) as trainings:
 """
 
 
-def _workers(parent: int) -> list[int]:
-    """The live processes whose parent is `parent` and that run a multiprocessing worker."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            stat = (proc / "stat").read_text()
-            command = (proc / "cmdline").read_bytes()
-        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
-            continue
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == parent and state != "Z" and b"spawn_main" in command:
-            found.append(int(proc.name))
-    return found
+def _state(proc: Path) -> tuple[str, int] | None:
+    """(state, parent pid) of the process /proc/PID; None once it has ended."""
+    try:
+        fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return fields[0], int(fields[1])
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
+    state = _state(Path("/proc") / str(pid))
+    return state is not None and state[0] != "Z"
+
+
+def _workers(parent: int) -> list[int]:
+    """The live processes of `parent` that run a multiprocessing worker."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        state = _state(proc) if proc.name.isdigit() else None
+        if state is None or state[1] != parent or state[0] == "Z":
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            continue
+        if b"spawn_main" in command:
+            found.append(int(proc.name))
+    return found
 
 
 def _until(condition, seconds: float):
