@@ -15,15 +15,16 @@ import argparse
 import errno
 import os
 import re
+import signal
 import sys
 from types import ModuleType
 
 from extractor.errors import WeightsError
+from model.errors import CheckpointError
 from pipeline.analyze import command as analyze
 from pipeline.analyze.entities import EntitiesError
 from pipeline.analyze.errors import AnalysisError
 from pipeline.analyze.parses import ParserUnavailable
-from model.errors import CheckpointError
 from pipeline.bench import command as bench
 from pipeline.common.arguments import formatter_for
 from pipeline.common.config import ConfigError
@@ -199,5 +200,15 @@ def storage_error(err: Exception, named: list[str]) -> int:
     return 2
 
 
+def command() -> int:
+    """The `pipeline` program (pyproject's script): `main` on the command line. Interrupted, its
+    exit's clean-up (Ray's, torch's) is not interrupted again by a second Ctrl-C, such as the one
+    `uv run` passes on after the terminal's."""
+    status = main()
+    if status == 130:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

@@ -2,6 +2,8 @@
 half-written left behind, and the same command (with --resume where it trains) goes on from
 there. The interrupt is raised from inside each verb's work, where a user's Ctrl-C lands."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,28 @@ def test_every_verb_that_writes_says_how_to_go_on(verb):
 
     hint = VERBS[verb].ON_INTERRUPT
     assert hint.startswith(("run the same command", "nothing was written"))
+
+
+# A verb interrupted by the terminal's Ctrl-C, then by a second one 0.3 s later (`uv run` passes the
+# terminal's on) while the exit's clean-up runs (Ray's and torch's take that long).
+TWICE = """
+import atexit, os, signal, sys, threading, time
+from pipeline import cli
+
+def run(args):
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(10)
+
+atexit.register(time.sleep, 1)
+cli.VERBS["world"].run = run
+sys.argv = ["pipeline", "world", "generate", "--out", sys.argv[1]]
+sys.exit(cli.command())
+"""
+
+
+def test_a_second_ctrl_c_does_not_interrupt_the_exit(tmp_path):
+    done = subprocess.run([sys.executable, "-c", TWICE, str(tmp_path / "world")],
+                          check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130
+    assert done.stderr == "pipeline: interrupted; nothing was written; run the same command again\n"

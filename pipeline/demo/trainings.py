@@ -5,6 +5,7 @@ lines (`Steps`)."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -48,8 +49,14 @@ def _train_logged(build, config, run: Path) -> float:
 def _exit_with(parent: int) -> None:
     """A worker's start: exit within a second once the demo's process `parent` has gone (killed:
     `kill`, a scheduler's time limit), instead of training on into run directories that the next
-    demo resumes. Ctrl-C needs none of this: it reaches every process of the terminal."""
+    demo resumes. (Interrupted, the demo ends its workers itself: `Trainings.__exit__`.)
+    Their progress bars write to their own logs and lock with a thread lock: tqdm's default, a
+    semaphore of the whole machine, is left behind by an ended worker, for a warning at exit."""
     import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -85,9 +92,21 @@ class Trainings:
     def __enter__(self) -> Trainings:
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
+    def __exit__(self, kind, *_) -> None:
+        if self.pool is None:
+            return
+        if kind is None:
             self.pool.shutdown(cancel_futures=True)
+            return
+        # Interrupted or failed: the runs in progress are ended, not waited for, and a second
+        # Ctrl-C cannot cut this short (the workers, which ignore it, would then train on).
+        interrupts = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            for worker in self.pool._processes.values():
+                worker.terminate()
+            self.pool.shutdown(cancel_futures=True)
+        finally:
+            signal.signal(signal.SIGINT, interrupts)
 
     def submit(self, name: str, build, config, run: Path) -> None:
         if (run / "done").is_file():
@@ -97,7 +116,12 @@ class Trainings:
             train_run(build, config, run)
         else:
             print(f"{name}: queued (output: {run / 'train.log'})", flush=True)
-            self.futures[self.pool.submit(_train_logged, build, config, run)] = (name, run)
+            ignoring = signal.signal(signal.SIGINT, signal.SIG_IGN)  # workers start with it
+            try:
+                future = self.pool.submit(_train_logged, build, config, run)
+            finally:
+                signal.signal(signal.SIGINT, ignoring)
+            self.futures[future] = (name, run)
 
     def wait(self, name: str | None = None) -> None:
         """Until run `name` (None: every run) has finished."""
