@@ -41,10 +41,12 @@ def build():
 """
 
 INTERRUPTED_DEMO = """
-import os, sys
+import os, signal, sys
 from pathlib import Path
 import slow_run
 from pipeline.demo.trainings import Trainings
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, not a background job
 
 try:
     with Trainings(2) as trainings:

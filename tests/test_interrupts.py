@@ -110,6 +110,7 @@ def run(args):
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(10)
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, not a background job
 atexit.register(time.sleep, 1)
 cli.VERBS["world"].run = run
 sys.argv = ["pipeline", "world", "generate", "--out", sys.argv[1]]
