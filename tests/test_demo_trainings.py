@@ -69,6 +69,12 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _kill_left(workers: list[int]) -> None:
+    for pid in workers:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
 def _until(condition, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not condition():
@@ -91,9 +97,7 @@ def test_killing_the_demo_stops_its_training_workers():
         assert gone, f"workers {[p for p in workers if _alive(p)]} outlived the demo"
     finally:
         demo.kill()
-        for pid in workers:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_left(workers)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
@@ -122,6 +126,4 @@ def test_an_interrupted_demo_ends_its_workers_at_once_and_quietly(tmp_path, whom
         with contextlib.suppress(ProcessLookupError):  # the group has ended already
             os.killpg(demo.pid, signal.SIGKILL)
         demo.wait()
-        for pid in workers:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        _kill_left(workers)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -46,11 +47,11 @@ def _train_logged(build, config, run: Path) -> float:
     return time.perf_counter() - start
 
 
-def _exit_with(parent: int) -> None:
+def _start_worker(parent: int) -> None:
     """A worker's start: exit within a second once the demo's process `parent` has gone (killed:
     `kill`, a scheduler's time limit), instead of training on into run directories that the next
     demo resumes. (Interrupted, the demo ends its workers itself: `Trainings.__exit__`.)
-    Their progress bars write to their own logs and lock with a thread lock: tqdm's default, a
+    Its progress bars write to its own logs and lock with a thread lock: tqdm's default, a
     semaphore of the whole machine, is left behind by an ended worker, for a warning at exit."""
     import threading
 
@@ -64,6 +65,16 @@ def _exit_with(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="exit-with-demo", daemon=True).start()
+
+
+@contextmanager
+def _ctrl_c_ignored():
+    """Ctrl-C ignored inside (and by the processes started there, which inherit it)."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _last_step(run: Path) -> int:
@@ -86,7 +97,7 @@ class Trainings:
             from concurrent.futures import ProcessPoolExecutor
 
             context = multiprocessing.get_context("spawn")  # no forked torch threads or Ray state
-            self.pool = ProcessPoolExecutor(parallel, mp_context=context, initializer=_exit_with,
+            self.pool = ProcessPoolExecutor(parallel, mp_context=context, initializer=_start_worker,
                                             initargs=(os.getpid(),))
 
     def __enter__(self) -> Trainings:
@@ -100,13 +111,10 @@ class Trainings:
             return
         # Interrupted or failed: the runs in progress are ended, not waited for, and a second
         # Ctrl-C cannot cut this short (the workers, which ignore it, would then train on).
-        interrupts = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
+        with _ctrl_c_ignored():
             for worker in self.pool._processes.values():
                 worker.terminate()
             self.pool.shutdown(cancel_futures=True)
-        finally:
-            signal.signal(signal.SIGINT, interrupts)
 
     def submit(self, name: str, build, config, run: Path) -> None:
         if (run / "done").is_file():
@@ -116,11 +124,8 @@ class Trainings:
             train_run(build, config, run)
         else:
             print(f"{name}: queued (output: {run / 'train.log'})", flush=True)
-            ignoring = signal.signal(signal.SIGINT, signal.SIG_IGN)  # workers start with it
-            try:
+            with _ctrl_c_ignored():  # the workers it starts ignore the terminal's Ctrl-C
                 future = self.pool.submit(_train_logged, build, config, run)
-            finally:
-                signal.signal(signal.SIGINT, ignoring)
             self.futures[future] = (name, run)
 
     def wait(self, name: str | None = None) -> None:
