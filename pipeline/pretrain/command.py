@@ -15,7 +15,8 @@ from pipeline.train.arguments import (
 )
 
 HELP = "pretrain LXMERT / VisualBERT / VL-BERT / ViLBERT on shards + corpus"
-ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
+ON_INTERRUPT = ("run the same command with --resume to continue from the last checkpoint "
+                "(from step 0 if none was written yet)")
 DESCRIPTION = """\
 Pretrain a cross-modal transformer on feature shards joined with a corpus
 (`pipeline corpus build`). The config names the architecture (lxmert, visualbert, vlbert,
