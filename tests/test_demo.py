@@ -67,5 +67,5 @@ def test_help_after_an_experiment_explains_that_experiment(capsys, experiment, s
     out = capsys.readouterr().out
     assert says in out
     if experiment != "main":  # not the main demo's text
-        assert out.startswith(f"usage: pipeline demo {experiment} ")
         assert "Generate a synthetic world" not in out
+    assert "--set KEY=VALUE" in out  # the options, as for the main demo

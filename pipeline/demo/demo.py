@@ -102,14 +102,11 @@ class _ExperimentHelp(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         experiment = getattr(namespace, "experiment", None) or "main"
-        if experiment == "main":
-            parser.print_help()
-        else:
+        if experiment != "main":  # the options stay; the text is the experiment's own
             run = EXPERIMENTS[experiment]()[1]
-            print(f"usage: pipeline demo {experiment} [--out OUT] [--config FILE] "
-                  f"[--set KEY=VALUE] [--show-config]\n\n"
-                  f"{inspect.getdoc(sys.modules[run.__module__])}\n\n"
-                  f"Every setting and its meaning: pipeline demo {experiment} --show-config")
+            parser.description = inspect.getdoc(sys.modules[run.__module__])
+            parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.print_help()
         parser.exit()
 
 
