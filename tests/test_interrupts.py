@@ -49,6 +49,8 @@ def test_extraction(photo_folder, tmp_path, monkeypatch, capsys):  # noqa: F811
     the_line(capsys, "run the same command again to resume: finished shards are kept")
     assert sorted(p.name for p in out.glob("*.tar")) == ["00000.tar"]
     assert not list(out.glob(".*.tmp"))  # the open shard's temporary file is gone
+    assert (out / "extract.log").read_text().splitlines()[-1].endswith(
+        "=== stopped by KeyboardInterrupt")  # no colon before an empty reason
     monkeypatch.undo()
     assert main(argv) == 0
     assert "resumed: 1 finished shard(s) kept" in capsys.readouterr().out
