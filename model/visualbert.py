@@ -262,8 +262,9 @@ class VisualBertModel(nn.Module):
         unused, VisualBERT has no geometry; region_mask (B, N) {0, 1}, 1 = real region, or None: no
         region is padding (with attention_mask None too, attention runs unmasked);
         visual_token_type_ids (B, N) long, or None for all `config.visual_segment` (NLVR2 gives
-        each image its own segment); region_word_alignment (B, N, A) long: indices of the text positions aligned to
-        each region, -1 padded, required exactly when `config.word_aligned_regions`;
+        each image its own segment); region_word_alignment (B, N, A) long: indices of the text
+        positions aligned to each region, -1 padded, required exactly when
+        `config.word_aligned_regions`;
         output_attentions: also return per-layer attention maps.
         """
         del boxes  # geometry is not part of VisualBERT

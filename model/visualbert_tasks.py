@@ -143,7 +143,9 @@ class VisualBertForRegionToPhraseAlignment(_WithHead):
         self.alignment = RegionToPhraseAttention(config)
         self._init(self.mlm_head.transform, self.match_head, self.alignment)
 
-    def forward(self, *, phrase_positions: torch.Tensor, **inputs: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, *, phrase_positions: torch.Tensor, **inputs: torch.Tensor | None
+    ) -> torch.Tensor:
         out = self.visualbert(**inputs)
         index = phrase_positions.clamp(min=0)  # a padded phrase reads position 0, as the reference
         phrases = out.text_hidden.gather(

@@ -156,7 +156,8 @@ def _config_from_tensors(raw: Mapping[str, torch.Tensor], model: str) -> VisualB
         return tuple(raw[ENCODER + name].shape)
 
     vocab, hidden = shape("embeddings.word_embeddings.weight")
-    layers = {int(m.group(1)) for n in raw if (m := re.match(r"bert\.bert\.encoder\.layer\.(\d+)\.", n))}
+    layer = re.compile(r"bert\.bert\.encoder\.layer\.(\d+)\.")
+    layers = {int(m.group(1)) for n in raw if (m := layer.match(n))}
     answers = (
         raw[PREFIX + "classifier.weight"].shape[0]
         if model == "VisualBertForQuestionAnswering"
@@ -236,7 +237,8 @@ def read_official(
             config, num_heads=declared.num_heads, word_aligned_regions=declared.word_aligned_regions
         )
     if drop_heads and model != "VisualBertModel":
-        heads = sorted({".".join(n.split(".")[:2]) for n in raw if n.startswith(PREFIX)} - {"bert.bert"})
+        heads = sorted({".".join(n.split(".")[:2]) for n in raw if n.startswith(PREFIX)})
+        heads.remove("bert.bert")
         notes.append(f"dropped the heads of {model}: {', '.join(heads)}")
         model = "VisualBertModel"
     if drop_heads:
