@@ -24,6 +24,7 @@ Module tree (our state_dict names, a public API; L = num_layers):
     layers.{i}.ffn_out              Linear(intermediate, H)
     layers.{i}.ffn_norm             LayerNorm(H)     post-norm after the feed-forward residual
     pooler                          Linear(H, H)     tanh over the first ([CLS]) position
+    additional_layer.*              a layer as above, with `bypass_transformer` only
 
 Checkpoint interop with `transformers.VisualBertModel` (and the `visual_bert.` backbone of its
 task models) is by the explicit name table in model/checkpoints/visualbert.py.
@@ -64,6 +65,9 @@ class VisualBertConfig:
         checkpoints were trained so (their NLVR2 data alone gives the two images 0 and 1).
     num_answers: the answer classes of VisualBertForQuestionAnswering (VQA v2: 3129); no other
         model reads it.
+    bypass_transformer: the text alone through the `num_layers` layers, then one more layer
+        (`additional_layer`) over [text states; region embeddings]: an option of the authors'
+        code and of Hugging Face's (none of the authors' released configs sets it).
     """
 
     vocab_size: int = 30522
@@ -82,6 +86,7 @@ class VisualBertConfig:
     word_aligned_regions: bool = False
     visual_segment: int = 1
     num_answers: int = 3129
+    bypass_transformer: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -222,6 +227,7 @@ class VisualBertModel(nn.Module):
         self.embeddings = VisualBertEmbeddings(config)
         self.layers = nn.ModuleList(VisualBertLayer(config) for _ in range(config.num_layers))
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.additional_layer = VisualBertLayer(config) if config.bypass_transformer else None
         self.apply(self._init_weights)
         # The reference starts the visual segment and position tables as copies of the text ones.
         with torch.no_grad():
@@ -282,6 +288,8 @@ class VisualBertModel(nn.Module):
                 f"region_word_alignment shape {tuple(region_word_alignment.shape)} "
                 f"does not start with (B, N) = {(B, N)}"
             )
+        if output_attentions and self.config.bypass_transformer:
+            raise ValueError("output_attentions is not available with bypass_transformer")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if visual_token_type_ids is None:
@@ -302,9 +310,19 @@ class VisualBertModel(nn.Module):
             ], dim=1), compute_dtype(x))
 
         maps = []
-        for layer in self.layers:
-            x, probs = layer(x, keep, output_attentions)
-            maps.append(probs)
+        if self.additional_layer is not None:
+            # the text alone through the stack; the regions join for the additional layer only
+            text_keep = None if attention_mask is None else key_mask(
+                attention_mask.bool(), compute_dtype(x)
+            )
+            text = x[:, :T]
+            for layer in self.layers:
+                text, _ = layer(text, text_keep, False)
+            x, _ = self.additional_layer(torch.cat([text, x[:, T:]], dim=1), keep, False)
+        else:
+            for layer in self.layers:
+                x, probs = layer(x, keep, output_attentions)
+                maps.append(probs)
 
         pooled = torch.tanh(self.pooler(x[:, 0]))  # (B, H)
         return VisualBertOutput(

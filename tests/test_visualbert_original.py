@@ -29,7 +29,11 @@ and `out.pooled` (B, H) of BertVisualModel (a forward hook), then
   repeated per choice (3 real in the second), image_text_alignment (B, 4, N, 2), seed 10 -> logits
   (B, 4), cross-entropy;
 - flickr: input seed 12, flickr_position (B, 3) with a -1, label = region distributions (seed 13)
-  -> FlickrAttention's scores (B, 3, N) (a forward hook) and their KL-divergence loss.
+  -> FlickrAttention's scores (B, 3, N) (a forward hook) and their KL-divergence loss;
+- nlvr_bypass: TrainVisualBERTObjective(..., "nlvr", bypass_transformer=True), seed 15, the
+  shared encoder and its own `bert.bert.additional_layer.*`, input seed 16 (text 6 / 4, 2 x 4
+  regions, 8 / 5 real, segments 0 / 1) -> logits (B, 2), cross-entropy. (transformers' own
+  bypass_transformer forward fails, an IndexError in 5.23: this is the only reference for it.)
 Regions take segment 0 where no visual_embeddings_type is given, as in their code.
 """
 
@@ -72,6 +76,7 @@ HEADS = {
     "nlvr": "VisualBertForVisualReasoning",
     "multichoice": "VisualBertForMultipleChoice",
     "flickr": "VisualBertForRegionToPhraseAlignment",
+    "nlvr_bypass": "VisualBertForVisualReasoning",
 }
 
 
@@ -145,11 +150,12 @@ def test_pretraining_equals_the_authors():
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("head", ["vqa", "nlvr", "multichoice", "flickr"])
+@pytest.mark.parametrize("head", ["vqa", "nlvr", "multichoice", "flickr", "nlvr_bypass"])
 def test_task_heads_equal_the_authors(head):
     raw, ref = reference(head)
     ours, model, _ = load(raw, word_aligned_regions=head == "multichoice")
     assert model == HEADS[head]
+    assert ours.config.bypass_transformer == (head == "nlvr_bypass")
     x = inputs(ref)
     if head == "flickr":
         scores = ours(**x, phrase_positions=ref["flickr_position"])
@@ -162,7 +168,7 @@ def test_task_heads_equal_the_authors(head):
         assert_close("logits", logits, ref["out.logits"])
     if head == "vqa":
         assert_close("loss", soft_target_loss(logits, ref["label"]), ref["out.loss"][0])
-    elif head in ("nlvr", "multichoice"):
+    elif head in ("nlvr", "multichoice", "nlvr_bypass"):
         assert_close("loss", F.cross_entropy(logits, ref["label"]), ref["out.loss"][0])
     flat = {k: v if v is None else v.flatten(0, 1) for k, v in x.items()}
     sequence, pooled = encoder_outputs(ours, flat if head == "multichoice" else x)

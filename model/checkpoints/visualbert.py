@@ -61,10 +61,13 @@ _HF_LAYER = {  # ours under layers.{i}. -> theirs under encoder.layer.{i}.
 def hf_names(config: VisualBertConfig) -> dict[str, str]:
     """Our state_dict name -> the `transformers.VisualBertModel` name, for every tensor."""
     table = dict(_HF_EMBEDDINGS)
-    for i in range(config.num_layers):
+    layers = {f"layers.{i}.": f"encoder.layer.{i}." for i in range(config.num_layers)}
+    if config.bypass_transformer:
+        layers["additional_layer."] = "additional_layer."
+    for ours_layer, hf_layer in layers.items():
         for ours, theirs in _HF_LAYER.items():
             for p in ("weight", "bias"):
-                table[f"layers.{i}.{ours}.{p}"] = f"encoder.layer.{i}.{theirs}.{p}"
+                table[f"{ours_layer}{ours}.{p}"] = f"{hf_layer}{theirs}.{p}"
     return table
 
 
@@ -85,7 +88,8 @@ def expected_shapes(config: VisualBertConfig) -> dict[str, tuple[int, ...]]:
         "pooler.weight": (h, h),
         "pooler.bias": (h,),
     }
-    for n in range(config.num_layers):
+    layers = [f"layers.{n}." for n in range(config.num_layers)]
+    for prefix in layers + (["additional_layer."] if config.bypass_transformer else []):
         layer = {
             "attention.query": (h, h),
             "attention.key": (h, h),
@@ -97,8 +101,8 @@ def expected_shapes(config: VisualBertConfig) -> dict[str, tuple[int, ...]]:
             "ffn_norm": (h,),
         }
         for name, w in layer.items():
-            shapes[f"layers.{n}.{name}.weight"] = w
-            shapes[f"layers.{n}.{name}.bias"] = (w[0],)
+            shapes[f"{prefix}{name}.weight"] = w
+            shapes[f"{prefix}{name}.bias"] = (w[0],)
     return shapes
 
 
@@ -156,11 +160,9 @@ def ours_to_hf_state_dict(
 def config_from_hf(hf: Mapping, **overrides) -> VisualBertConfig:
     """Our config from a `transformers` VisualBertConfig as a dict (its config.json).
 
-    Refuses the variants this model does not implement (bypass_transformer, another activation).
-    `overrides` sets what Hugging Face does not record, e.g. word_aligned_regions=True.
+    Refuses another activation than erf GELU. `overrides` sets what Hugging Face does not
+    record, e.g. word_aligned_regions=True.
     """
-    if hf.get("bypass_transformer", False):
-        raise CheckpointError("bypass_transformer=True is not implemented by VisualBertModel")
     if hf.get("hidden_act", "gelu") != "gelu":
         act = hf["hidden_act"]
         raise CheckpointError(f"hidden_act {act!r} is not supported (only erf 'gelu')")
@@ -182,6 +184,7 @@ def config_from_hf(hf: Mapping, **overrides) -> VisualBertConfig:
         attention_dropout=hf["attention_probs_dropout_prob"],
         initializer_range=hf.get("initializer_range", 0.02),
         pad_token_id=pad,
+        bypass_transformer=bool(hf.get("bypass_transformer", False)),
     )
     return dataclasses.replace(VisualBertConfig(**fields), **overrides)
 
@@ -202,7 +205,7 @@ def config_to_hf(config: VisualBertConfig) -> dict:
         attention_probs_dropout_prob=config.attention_dropout,
         initializer_range=config.initializer_range,
         hidden_act="gelu",
-        bypass_transformer=False,
+        bypass_transformer=config.bypass_transformer,
         pad_token_id=config.pad_token_id,
     )
 

@@ -104,8 +104,6 @@ def _read_authors_json(path: Path) -> dict:
 def _config_and_head(path: Path) -> tuple[VisualBertConfig, str]:
     raw = _read_authors_json(path)
     model = raw.get("model") or {}
-    if model.get("bypass_transformer", False):
-        raise CheckpointError(f"{path}: bypass_transformer is not implemented by VisualBertModel")
     name = raw.get("bert_model_name", "bert-base-uncased")
     if name not in _BERT_SIZES:
         raise CheckpointError(f"{path}: bert_model_name {name!r}; known: {', '.join(_BERT_SIZES)}")
@@ -124,13 +122,15 @@ def _config_and_head(path: Path) -> tuple[VisualBertConfig, str]:
         visual_feat_dim=model.get("visual_embedding_dim", 512),  # their classes' default
         word_aligned_regions=bool(raw.get("use_alignment", False)),  # VCR's
         visual_segment=0,
+        bypass_transformer=bool(model.get("bypass_transformer", False)),
     )
     return config, _HEAD_TYPES[head_type]
 
 
 def config_from_authors(path: Path) -> VisualBertConfig:
     """One of the authors' configs (configs/*/*.json) -> our config: the BERT of
-    `bert_model_name`, `model.visual_embedding_dim`, VCR's `use_alignment`, regions' segment 0.
+    `bert_model_name`, `model.visual_embedding_dim` and `model.bypass_transformer`, VCR's
+    `use_alignment`, regions' segment 0.
     The VQA head's 3129 answers are a constant of their code (our default num_answers)."""
     return _config_and_head(Path(path))[0]
 
@@ -177,6 +177,7 @@ def _config_from_tensors(raw: Mapping[str, torch.Tensor], model: str) -> VisualB
         visual_feat_dim=shape("embeddings.projection.weight")[1],
         visual_segment=0,
         num_answers=answers,
+        bypass_transformer=any(n.startswith(ENCODER + "additional_layer.") for n in raw),
     )
 
 
@@ -223,7 +224,8 @@ def read_official(
         )
     else:
         declared, head = _config_and_head(Path(config_file))
-        for field in ("hidden_size", "num_layers", "intermediate_size", "visual_feat_dim"):
+        fields = ("hidden_size", "num_layers", "intermediate_size", "visual_feat_dim")
+        for field in (*fields, "bypass_transformer"):
             if getattr(declared, field) != getattr(config, field):
                 raise CheckpointError(
                     f"{config_file} describes {field} {getattr(declared, field)}, the file holds "
