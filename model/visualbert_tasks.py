@@ -133,7 +133,8 @@ class RegionToPhraseAttention(nn.Module):
 class VisualBertForRegionToPhraseAlignment(_WithHead):
     """Flickr30K Entities: encoder inputs and phrase_positions (B, P) long (a text position per
     phrase, -1 padded) -> region scores (B, P, N). The authors train it with the KL divergence of
-    log_softmax(scores) to the target region distribution (batch mean)."""
+    log_softmax(scores) to the target region distribution (batch mean). No dropout is applied:
+    the reference defines one and never calls it."""
 
     def _heads(self, config: VisualBertConfig) -> None:
         self.mlm_head = MaskedLMHead(

@@ -192,7 +192,16 @@ def test_heads_dropped_on_request_and_untied_decoder_refused(tmp_path):
     assert notes == ["dropped the heads of VisualBertForQuestionAnswering: cls"]
 
     pre = new(transformers.VisualBertForPreTraining, 14)
-    raw = dict(pre.state_dict())
+    raw = dict(pre.state_dict())  # the tied aliases included, as older files hold them
+    assert {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias"} <= raw.keys()
+    legacy = {**raw, "visual_bert.embeddings.position_ids": torch.arange(40)[None]}
+    notes: list[str] = []
+    assert read_hf(pre.config.to_dict(), legacy, drop_heads=False, notes=notes)[2] == (
+        "VisualBertForPreTraining"
+    )
+    assert notes == [
+        "config.json names no VisualBERT class: VisualBertForPreTraining, from the tensor names"
+    ]
     raw["cls.predictions.decoder.weight"] = raw["cls.predictions.decoder.weight"] + 1
     hf_config = {**pre.config.to_dict(), "architectures": ["VisualBertForPreTraining"]}
     with pytest.raises(CheckpointError, match="decoder is not tied"):

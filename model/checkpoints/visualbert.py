@@ -294,6 +294,8 @@ def read_hf(
     tensor, in the file's names.
     """
     model = hf_class(hf_config, raw)
+    if not set(hf_config.get("architectures") or ()) & set(CLASSES):
+        notes.append(f"config.json names no VisualBERT class: {model}, from the tensor names")
     answers = {}
     if model == "VisualBertForQuestionAnswering":  # config.json's labels, or the head's rows
         rows = raw["cls.weight"].shape[0] if "cls.weight" in raw else None
