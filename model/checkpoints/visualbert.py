@@ -14,7 +14,6 @@ import dataclasses
 from collections.abc import Collection, Mapping
 
 import torch
-
 from torch import nn
 
 from model.checkpoints.common import CheckpointError, check_state, shapes_of
