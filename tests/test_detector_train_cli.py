@@ -120,7 +120,8 @@ def test_a_stopped_run_resumes_exactly(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main(argv(broken)) == 130  # Ctrl-C: one line, how to go on
     assert capsys.readouterr().err.endswith("pipeline: interrupted; run the same command with "
-                                            "--resume to continue from the last checkpoint\n")
+                                            "--resume to continue from the last checkpoint "
+                                            "(from step 0 if none was written yet)\n")
     monkeypatch.undo()
     assert train.checkpoint_step(broken / train.CHECKPOINT) == 4
     assert main(argv(broken)) == 2

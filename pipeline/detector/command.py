@@ -19,8 +19,9 @@ import yaml
 from pipeline.common.arguments import Actions
 from pipeline.common.config import ConfigError, resolve, to_dict
 
-HELP = "train and evaluate the region detector"
-ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
+HELP = "train the region detector (and measure it on held-out images)"
+ON_INTERRUPT = ("run the same command with --resume to continue from the last checkpoint "
+                "(from step 0 if none was written yet)")
 DESCRIPTION = "Train the bottom-up-attention detector and measure it."
 
 
