@@ -224,7 +224,9 @@ def read_official(
         )
     else:
         declared, head = _config_and_head(Path(config_file))
-        fields = ("hidden_size", "num_layers", "intermediate_size", "visual_feat_dim")
+        fields = ["hidden_size", "num_layers", "intermediate_size", "visual_feat_dim"]
+        if model == "VisualBertForRegionToPhraseAlignment":  # its head's width tells them
+            fields.append("num_heads")
         for field in (*fields, "bypass_transformer"):
             if getattr(declared, field) != getattr(config, field):
                 raise CheckpointError(
