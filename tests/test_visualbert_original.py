@@ -233,6 +233,14 @@ def test_authors_config(tmp_path):
     with pytest.raises(CheckpointError, match=another_size):
         read_official(raw, config_file=path, drop_heads=False, notes=[])
 
+    # a file of that size (on the meta device: shapes only) takes what the config tells
+    with torch.device("meta"):
+        released = CLASSES["VisualBertForMultipleChoice"](config)
+    raw = write_official(config, released.state_dict(), "VisualBertForMultipleChoice")
+    notes: list[str] = []
+    read, _, model = read_official(raw, config_file=path, drop_heads=False, notes=notes)
+    assert (read, model, notes) == (config, "VisualBertForMultipleChoice", [])
+
 
 def test_only_the_authors_files_look_like_theirs():
     raw, _ = reference("pretraining")
