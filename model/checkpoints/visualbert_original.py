@@ -13,7 +13,7 @@ A file is `torch.save(model.state_dict())` of the allennlp model wrapping
     bert.classifier.{weight,bias}       "vqa" (3129 answers), "nlvr" (2), "multichoice" (1) heads
     bert.flickr_attention.*             the "flickr" head's region-to-phrase attention
     detector.*                          VCR's models (VisualBERTDetector) only: the ResNet-50
-                                        detector that makes their region features
+                                        that makes their region features, not read (below)
 Each maps onto one of our classes (`ARCHS["visualbert"].saved`) by the Hugging Face names of
 model/checkpoints/visualbert.py. What a file does not tell (attention heads, word-aligned regions)
 comes from the authors' config (`config_from_authors`) or their defaults, with a note. Their code
@@ -194,22 +194,21 @@ def read_official(
     config_file: their JSON config, which sets what the tensors do not tell (attention heads,
     word-aligned regions for VCR, the head type); without it those are the authors' defaults
     (hidden / 64 heads as BERT's, no alignment) and a note says so. drop_heads: keep the encoder
-    alone (VisualBertModel), and VCR's detector with it. A VCR file's detector (`detector.*`, a
-    ResNet-50 making the region features) has no place in our model, which takes features as
-    input: it is refused unless drop_heads. Raises CheckpointError naming every missing,
-    unexpected or mis-shaped tensor in the file's own names, or one line for another size.
+    alone (VisualBertModel). A VCR file's detector (`detector.*`, the ResNet-50 that makes its
+    512-d region features) is another model than VisualBERT, which takes features as input: it
+    is not read, and a note says so (as Hugging Face's conversion of these files drops it).
+    Raises CheckpointError naming every missing, unexpected or mis-shaped tensor in the file's
+    own names, or one line for another size.
     """
     prefix = "module." if raw and all(n.startswith("module.") for n in raw) else ""
     raw = {n.removeprefix(prefix): t for n, t in raw.items()}
-    detector = sorted(n for n in raw if n.startswith(DETECTOR))
-    if detector and not drop_heads:
-        raise CheckpointError(
-            f"a VCR file with the authors' detector ({len(detector)} tensors under {DETECTOR}, "
-            "the ResNet-50 that makes their region features): our VisualBERT takes region "
-            "features as input and has no place for it (drop_heads keeps the encoder alone)"
-        )
+    detector = [n for n in raw if n.startswith(DETECTOR)]
     if detector:
-        notes.append(f"dropped the authors' detector ({len(detector)} tensors under {DETECTOR})")
+        notes.append(
+            f"not read: the authors' detector ({len(detector)} tensors under {prefix}{DETECTOR}, "
+            "the ResNet-50 that made this model's region features; ours are the extractor's)"
+        )
+        raw = {n: t for n, t in raw.items() if not n.startswith(DETECTOR)}
     model = _model_of(raw)
     config = _config_from_tensors(raw, model)
     if config_file is None:
@@ -256,11 +255,8 @@ def read_official(
             raise CheckpointError(f"{prefix}{_DECODER} differs from {prefix}{word}: not tied")
     shapes = shapes_of(vb.CLASSES[model], config)
     expected = {prefix + theirs: shapes[ours] for ours, theirs in names.items()}
-    check_state(
-        {prefix + n: t for n, t in raw.items() if not n.startswith(DETECTOR)},
-        expected,
-        f"the authors' VisualBERT checkpoint ({model})",
-    )
+    what = f"the authors' VisualBERT checkpoint ({model})"
+    check_state({prefix + n: t for n, t in raw.items()}, expected, what)
     return config, {ours: raw[theirs] for ours, theirs in names.items()}, model
 
 
