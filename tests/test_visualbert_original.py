@@ -57,7 +57,7 @@ from model.checkpoints import (
 )
 from model.checkpoints import lxmert as lx
 from model.checkpoints.common import CheckpointError
-from model.checkpoints.visualbert import CLASSES
+from model.checkpoints.visualbert import CLASSES, write_hf
 from model.checkpoints.visualbert_original import (
     config_from_authors,
     looks_like,
@@ -270,3 +270,28 @@ def test_through_load_checkpoint(head, tmp_path, monkeypatch):
     save_official(tmp_path / "back.th", "visualbert", config, checkpoint.state_dict)
     back = torch.load(tmp_path / "back.th", weights_only=True)
     assert back.keys() == raw.keys() and all(torch.equal(back[k], raw[k]) for k in raw)
+
+
+@pytest.mark.parametrize("head", ["pretraining", "vqa", "nlvr", "multichoice"])
+def test_to_hugging_face_as_transformers_converts_them(head):
+    """The Hugging Face names of a file equal those of transformers' own conversion of the
+    released files (its rename_keys_prefix: bert.bert -> visual_bert, bert.cls -> cls,
+    bert.classifier -> cls, and the three visual embeddings), tensor for tensor."""
+    raw, _ = reference(head)
+    config, state, model = read_official(raw, config_file=None, drop_heads=False, notes=[])
+    hf_state, hf_config = write_hf(config, state, model)
+    renames = [
+        ("bert.bert", "visual_bert"), ("bert.cls", "cls"), ("bert.classifier", "cls"),
+        ("token_type_embeddings_visual", "visual_token_type_embeddings"),
+        ("position_embeddings_visual", "visual_position_embeddings"),
+        ("projection", "visual_projection"),
+    ]
+    converted = {}
+    for name, tensor in raw.items():
+        for old, new in renames:
+            name = name.replace(old, new)
+        converted[name] = tensor
+    converted.pop("cls.predictions.decoder.weight", None)  # tied by transformers to the words
+    assert hf_state.keys() == converted.keys()
+    assert all(torch.equal(hf_state[k], converted[k]) for k in converted)
+    assert hf_config["architectures"] == [model]
