@@ -12,6 +12,12 @@ from model.vilbert import VilBertConfig, VilBertModel
 from model.vilbert_pretraining import VilBertForPreTraining
 from model.visualbert import VisualBertConfig, VisualBertModel
 from model.visualbert_pretraining import VisualBertForPreTraining
+from model.visualbert_tasks import (
+    VisualBertForMultipleChoice,
+    VisualBertForQuestionAnswering,
+    VisualBertForRegionToPhraseAlignment,
+    VisualBertForVisualReasoning,
+)
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
 
@@ -22,7 +28,8 @@ class Arch:
     fine-tuning wraps). pretraining: the model with its paper's pretraining heads, whose
     `encoder_attr` attribute holds the encoder. saved: the classes a checkpoint of this
     architecture may hold, the default first: LXMERT's whole pretraining model (its QA head
-    transfers to VQA / GQA) or its encoder; the encoder alone for the others."""
+    transfers to VQA / GQA) or its encoder; VisualBERT's encoder, its pretraining model or one of
+    its authors' task models (model/visualbert_tasks.py); the encoder alone for the others."""
 
     config: type
     encoder: type[nn.Module]
@@ -38,7 +45,11 @@ ARCHS: dict[str, Arch] = {
     ),
     "visualbert": Arch(
         VisualBertConfig, VisualBertModel, VisualBertForPreTraining, "visualbert",
-        (VisualBertModel,),
+        (
+            VisualBertModel, VisualBertForPreTraining, VisualBertForQuestionAnswering,
+            VisualBertForVisualReasoning, VisualBertForMultipleChoice,
+            VisualBertForRegionToPhraseAlignment,
+        ),
     ),
     "vlbert": Arch(VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert", (VlBertModel,)),
     "vilbert": Arch(VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert", (VilBertModel,)),
