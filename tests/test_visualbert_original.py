@@ -252,9 +252,7 @@ def test_only_the_authors_files_look_like_theirs():
 
 @torch.no_grad()
 @pytest.mark.parametrize("head", ["pretraining", "flickr"])
-def test_through_load_checkpoint(head, tmp_path, monkeypatch):
-    # the seam's table of official readers (formats.OFFICIAL), until visualbert is wired there
-    monkeypatch.setitem(formats.OFFICIAL, "visualbert", visualbert_original)
+def test_through_load_checkpoint(head, tmp_path):
     raw, ref = reference(head)
     torch.save(raw, tmp_path / "model_state_epoch_9.th")  # as their model_wrapper saves
     checkpoint = load_checkpoint(tmp_path / "model_state_epoch_9.th")
