@@ -20,6 +20,9 @@
   and visual layer visual_coattn_layers[k] (the official `t_biattention_id` / `v_biattention_id`).
   The paper's model: text (6..11) and visual (0..5): 6 text TRM, then 6 x (Co-TRM -> TRM) in
   both streams (the text stream's last TRM after the 6th Co-TRM is its layer 11).
+- Task token (the 12-in-1 model, Lu et al., CVPR 2020): with num_task_tokens > 0, a learned
+  task embedding is inserted after [CLS] (no position or segment embedding of its own; the
+  official `BertEmbeddings` with task_specific_tokens), so the text stream has T + 1 positions.
 - Pooling: h_CLS = act(Linear(text_hidden[:, 0])) and h_IMG = act(Linear(visual_hidden[:, 0])),
   both of width bi_hidden_size so the alignment head can take h_IMG * h_CLS -> Linear. NOTE:
   `pooled` is therefore (B, bi_hidden_size), not (B, H). The official code uses ReLU in both
@@ -33,7 +36,10 @@ state_dict keys (our public API):
     coattn_layers.{k}.text.{query,key,value,out,attn_norm,ffn_in,ffn_out,ffn_norm}.{weight,bias}
     coattn_layers.{k}.visual.(same names)     [query/key/value: own width -> bi_hidden_size]
     text_pooler.{weight,bias}, visual_pooler.{weight,bias}
-The official checkpoint's unused `biOutput.q_dense{1,2}` have no counterpart here.
+    text_embeddings.task.weight                 [num_task_tokens > 0 only]
+    coattn_layers.{k}.{text,visual}.q_dense.{weight,bias}   [keep_unused_q_dense only]
+The official files' `biOutput.q_dense{1,2}` (Linear(bi, width), which their forward never uses)
+are kept by keep_unused_q_dense, so that those files load strictly and convert back whole.
 """
 
 from __future__ import annotations
@@ -77,6 +83,13 @@ class VilBertConfig:
     attention_dropout: dropout on attention probabilities, co-attention's included.
     layer_norm_eps: epsilon of every LayerNorm (BERT: 1e-12).
     initializer_range: std of the normal init of Linear and Embedding weights (BERT: 0.02).
+    num_region_classes: width of the masked region classifier of the pretraining model, the
+        detector's class distribution (1601 ways; the official v_target_size).
+    num_task_tokens: rows of the task embedding table (the 12-in-1 model: 20); 0: no task token.
+    num_vqa_answers / num_gqa_answers: answer vocabularies of VilBertForMultiTask's two answer
+        heads (the official VILBertForVLTasks: 3129 and 1533).
+    keep_unused_q_dense: hold the official co-attention's unused `q_dense` layers (the released
+        files have them); they take no part in the forward.
     """
 
     vocab_size: int = 30522
@@ -102,6 +115,11 @@ class VilBertConfig:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    num_region_classes: int = 1601
+    num_task_tokens: int = 0  # 12-in-1: 20
+    num_vqa_answers: int = 3129
+    num_gqa_answers: int = 1533
+    keep_unused_q_dense: bool = False  # True for the official files
 
     def __post_init__(self) -> None:
         for name, width, heads in (
@@ -119,6 +137,10 @@ class VilBertConfig:
             if any(i < 0 or i > count for i in ids) or list(ids) != sorted(ids):
                 raise ValueError(
                     f"{name} {ids} must be non-decreasing layer indices in [0, {count}]")
+        if min(self.num_region_classes, self.num_vqa_answers, self.num_gqa_answers) < 1:
+            raise ValueError("num_region_classes, num_vqa_answers and num_gqa_answers must be >= 1")
+        if self.num_task_tokens < 0:
+            raise ValueError(f"num_task_tokens {self.num_task_tokens} must be >= 0")
         if self.pooler_activation not in ("relu", "tanh"):
             raise ValueError(f"pooler_activation {self.pooler_activation!r}: use 'relu' or 'tanh'")
         object.__setattr__(self, "text_coattn_layers", t)  # lists from YAML become tuples
@@ -210,6 +232,8 @@ class VilBertCoAttentionStream(nn.Module):
         self.ffn_out = nn.Linear(intermediate, width)
         self.ffn_norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
+        if cfg.keep_unused_q_dense:  # the official BertBiOutput's q_dense1/2: never called
+            self.q_dense = nn.Linear(bi, width)
 
     def finish(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """Residual + LayerNorm around the cross-attended context (B, L, bi), then the FFN."""
@@ -253,11 +277,19 @@ class VilBertTextEmbeddings(nn.Module):
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
+        if cfg.num_task_tokens:
+            self.task = nn.Embedding(cfg.num_task_tokens, cfg.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+        task_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T) ids -> (B, T, H); with task_ids (B,): (B, T + 1, H), the task token after [CLS]."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.token(input_ids) + self.position(positions) + self.segment(token_type_ids)
-        return self.dropout(self.norm(x))  # (B, T, H)
+        if task_ids is not None:
+            x = torch.cat([x[:, :1], self.task(task_ids)[:, None], x[:, 1:]], 1)
+        return self.dropout(self.norm(x))
 
 
 class VilBertVisualEmbeddings(nn.Module):
@@ -347,6 +379,7 @@ class VilBertModel(nn.Module):
         boxes: torch.Tensor,
         region_mask: torch.Tensor | None,
         image_feature: torch.Tensor | None = None,
+        task_ids: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VilBertOutput:
         """Encode text and regions in two streams joined by co-attention.
@@ -356,14 +389,20 @@ class VilBertModel(nn.Module):
         (B, N) {0, 1}; a mask None: no token / region is padding, and that stream's attention
         runs unmasked; image_feature (B, D) overrides the global region's feature (default: the
         mean of the real regions). Visual outputs have N + 1 positions (global region first).
+        task_ids (B,) long: the task of each row, required iff config.num_task_tokens > 0; the
+        text outputs then have T + 1 positions, the task token at index 1.
         """
         c = self.config
+        if (task_ids is None) != (c.num_task_tokens == 0):
+            raise ValueError(f"task_ids must be given iff num_task_tokens > 0 ({c.num_task_tokens})")
         t_mask = attention_mask.bool() if attention_mask is not None else None
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        if task_ids is not None and t_mask is not None:  # the task token is never padding
+            t_mask = torch.cat([t_mask[:, :1], t_mask.new_ones(t_mask.shape[0], 1), t_mask[:, 1:]], 1)
         feats, locations, v_mask = with_global_region(
             features, boxes, region_mask.bool() if region_mask is not None else None, image_feature)
-        t = self.text_embeddings(input_ids, token_type_ids)  # (B, T, H)
+        t = self.text_embeddings(input_ids, token_type_ids, task_ids)  # (B, T [+ 1], H)
         v = self.visual_embeddings(feats, locations.to(feats.dtype))  # (B, N + 1, Hv)
 
         # prepared once for every layer

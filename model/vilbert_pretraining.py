@@ -24,6 +24,7 @@ Module tree (state_dict names, a public API; H text width, Hv visual width, V vo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -59,17 +60,20 @@ class VilBertPreTrainingOutput:
 class VilBertForPreTraining(nn.Module):
     """VilBertModel with masked LM (tied decoder), masked region (1601-way) and alignment heads.
 
-    num_region_classes: width of the region classifier, the detector's distribution (1601 ways).
+    num_region_classes: width of the region classifier, the detector's distribution (default:
+    config.num_region_classes, 1601 ways).
     """
 
-    def __init__(self, config: VilBertConfig, *, num_region_classes: int = 1601) -> None:
+    def __init__(self, config: VilBertConfig, *, num_region_classes: int | None = None) -> None:
         super().__init__()
+        if num_region_classes is not None:
+            config = dataclasses.replace(config, num_region_classes=num_region_classes)
         self.config = config
         eps = config.layer_norm_eps
         self.vilbert = VilBertModel(config)
         self.mlm_head = MaskedLMHead(self.vilbert.text_embeddings.token, layer_norm_eps=eps)
         self.region_head = RegionClassHead(
-            config.visual_hidden_size, num_classes=num_region_classes, layer_norm_eps=eps
+            config.visual_hidden_size, num_classes=config.num_region_classes, layer_norm_eps=eps
         )
         self.align_dropout = nn.Dropout(config.hidden_dropout)
         self.align_head = MatchingHead(config.bi_hidden_size)
