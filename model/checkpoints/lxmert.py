@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -283,6 +284,64 @@ def config_from_official(
         predict_features=heads and obj + "feat.weight" in hf_state,
         num_answers=rows("answer_head.logit_fc.3.weight") if heads else None,
     )
+
+
+def looks_like(names: Collection[str]) -> bool:
+    """Whether a raw state dict with these names is an official LXMERT file: only LXMERT has an
+    object-relationship stack (`r_layers`) and its visual feature encoder (`visn_fc`)."""
+    return any(
+        n.removeprefix("module.").startswith(("bert.encoder.visn_fc.", "bert.encoder.r_layers."))
+        for n in names
+    )
+
+
+def read_official(
+    raw: Mapping[str, torch.Tensor],
+    *,
+    config_file: Path | None,
+    drop_heads: bool,
+    notes: list[str],
+    num_heads: int | None = None,
+) -> tuple[LxmertConfig, dict[str, torch.Tensor], str]:
+    """An official file's tensors -> (our config, our state dict, "LxmertForPreTraining" or
+    "LxmertModel"). The file records no head count: `num_heads`, by default hidden / 64. The
+    LXMERT repository has no config file: `config_file` must be None."""
+    if config_file is not None:
+        raise CheckpointError(
+            "LXMERT's official files are read off their shapes and need no config file (the one "
+            "thing they do not record is the attention heads: num_heads, --num-heads)"
+        )
+    prefix = "module." if raw and all(n.startswith("module.") for n in raw) else ""
+    hf_state, heads = official_to_hf_state_dict(raw)
+    if heads and drop_heads:
+        kept = {n: t for n, t in raw.items() if n.removeprefix("module.").startswith("bert.")}
+        dropped = sorted({n.removeprefix("module.").split(".")[0] for n in raw} - {"bert"})
+        notes.append(f"dropped the heads: {', '.join(dropped)}")
+        raw = kept
+        hf_state, heads = official_to_hf_state_dict(raw)
+    config = config_from_official(hf_state, heads=heads, num_heads=num_heads)
+    if num_heads is None:
+        notes.append(
+            f"num_heads is not stored in official files: assumed {config.num_heads} (hidden / 64)"
+        )
+    if heads:  # torch.save keeps the tied decoder under both names; tolerate a file keeping one
+        alias, owner = (prefix + hf_to_official_name(n).removeprefix("module.") for n in TIED["hf"])
+        if alias not in raw and owner in raw:
+            raw = {**raw, alias: raw[owner]}
+    # checked in the file's own names, so that an error names a tensor as the file does
+    check_state(raw, official_shapes(config, heads=heads, prefix=prefix), "official LXMERT checkpoint")
+    state = hf_to_ours_state_dict(official_to_hf_state_dict(raw)[0], config, heads=heads)
+    return config, state, "LxmertForPreTraining" if heads else "LxmertModel"
+
+
+def write_official(
+    config: LxmertConfig, state: Mapping[str, torch.Tensor], model: str
+) -> dict[str, torch.Tensor]:
+    """Our state dict -> the official `module.`-prefixed names, as the LXMERT repository's
+    DataParallel model saves them (the pretraining model, or the encoder alone)."""
+    heads = model == "LxmertForPreTraining"
+    hf_state = ours_to_hf_state_dict(state, config, heads=heads)
+    return {hf_to_official_name(n, heads=heads): t for n, t in hf_state.items()}
 
 
 def without_heads(config: LxmertConfig) -> LxmertConfig:

@@ -21,8 +21,10 @@ ON_INTERRUPT = "run the same command with --resume to continue from the last che
 DESCRIPTION = """\
 Fine-tune on VQA v2, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K retrieval from the released files
 (data.root: see the README's folder layouts), starting from a checkpoint (--from:
-ours, e.g. RUN/checkpoints/step_N/model of `pipeline pretrain`; a Hugging Face directory; or an
-official LXMERT *_LXRT.pth) or from scratch. Defaults are LXMERT's: batch 32, 4 epochs, 10%
+ours, e.g. RUN/checkpoints/step_N/model of `pipeline pretrain`; a Hugging Face directory; or a
+file the architecture's authors released, e.g. LXMERT's *_LXRT.pth, with their config file in
+`--set init_config=FILE` where the weights do not record every size: the README's "Released
+weights") or from scratch. Defaults are LXMERT's: batch 32, 4 epochs, 10%
 warmup, lr 5e-5 (VQA, NLVR2) / 1e-5 (GQA), BCE on soft scores for VQA and GQA. From an LXMERT
 pretraining checkpoint with a QA head, `--set init_answers=CORPUS` (or all_ans.json) starts the
 answer head from the pretrained rows. The same trainer as pretraining: --workers N on Ray Train,

@@ -4,7 +4,8 @@ Defaults are LXMERT's fine-tuning settings (REFERENCE §3): batch 32, 4 epochs, 
 5e-5 (VQA, NLVR2) or 1e-5 (GQA); VCR, RefCOCO+ and Flickr30K take ViLBERT's learning rates (2e-5,
 4e-5, 2e-5). The `optim` and `run` sections are the trainer's (pipeline/train/config.py), as in
 pretraining. `init` names the checkpoint the encoder starts from: our format, Hugging Face's, or
-an official LXMERT `*_LXRT.pth`; empty trains from scratch with the `model` section.
+a file as the architecture's authors released it (with their config file in `init_config`);
+empty trains from scratch with the `model` section.
 """
 
 from __future__ import annotations
@@ -81,14 +82,18 @@ class TaskDataConfig:
 class FinetuneConfig:
     """task: vqa | gqa | nlvr2 | vcr | refcoco+ | flickr30k (the verb's). arch: the encoder's
     architecture (a checkpoint in `init` must hold it). init: the checkpoint the encoder starts
-    from (--from: ours, a Hugging Face directory or an official LXMERT *_LXRT.pth); empty: from
-    scratch. model: that architecture's config, used when `init` is empty (from scratch).
+    from (--from: ours, a Hugging Face directory or a file the architecture's authors released,
+    e.g. LXMERT's *_LXRT.pth; one with heads gives its encoder); empty: from scratch.
+    init_config: the authors' config file (JSON or yaml) for a released `init` whose weights do not
+    record every size (default: their released model's). model: that architecture's config, used
+    when `init` is empty (from scratch).
     init_answers: the pretraining answer table of an LXMERT `init` (a corpus directory or its
     answers.json, or LXMERT's all_ans.json): VQA / GQA then start from its QA head's rows."""
 
     task: str = "vqa"
     arch: str = "lxmert"
     init: str = ""
+    init_config: str = ""
     init_answers: str = ""
     model: Any = None
     data: TaskDataConfig = field(default_factory=TaskDataConfig)

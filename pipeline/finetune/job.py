@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from model.archs import ARCHS
-from model.checkpoints.formats import load_checkpoint
+from model.checkpoints.formats import build_model, load_checkpoint
 from model.lxmert import LxmertForPreTraining
 from model.tasks import AnswerModel, TaskModel
 from pipeline.common.config import ConfigError, absolute_paths
@@ -38,7 +38,7 @@ from pipeline.train.loop import count_steps
 
 ANSWERS_FILE = "answers.json"
 # The config's files and directories, made absolute before the run starts.
-PATHS = ("init", "init_answers", "data.root", "data.holdout", "data.shards", "data.answers",
+PATHS = ("init", "init_config", "init_answers", "data.root", "data.holdout", "data.shards", "data.answers",
          "visual.extract_config", "visual.weights",
          "data.tokenizer", "run.init_text")
 
@@ -85,7 +85,7 @@ def _encoder(config: FinetuneConfig, *, vocab_size: int, feature_dim: int, rank:
             f"run.init_text={config.run.init_text} starts a text stream from BERT, but init "
             f"{config.init} already gives the whole encoder: set only one"
         )
-    checkpoint = load_checkpoint(config.init, config.arch)
+    checkpoint = load_checkpoint(config.init, config.arch, config_file=config.init_config or None)
     if rank == 0:
         print(checkpoint.report)
     model_config = checkpoint.config
@@ -100,6 +100,8 @@ def _encoder(config: FinetuneConfig, *, vocab_size: int, feature_dim: int, rank:
         full = LxmertForPreTraining(model_config)
         full.load_state_dict(checkpoint.state_dict)
         return full.lxmert, model_config, full.answer_head
+    if checkpoint.report.heads:  # a pretraining or task model: fine-tuning takes its encoder
+        return getattr(build_model(checkpoint), ARCHS[config.arch].encoder_attr), model_config, None
     model = ARCHS[config.arch].encoder(model_config)
     model.load_state_dict(checkpoint.state_dict)
     return model, model_config, None

@@ -1,5 +1,6 @@
-"""`pipeline convert`: move a model checkpoint between our format, Hugging Face's and the official
-LXMERT one (model/checkpoints does the work; this is the command line around it)."""
+"""`pipeline convert`: move a model checkpoint between our format, Hugging Face's and the files the
+architectures' authors released (model/checkpoints does the work; this is the command line around
+it)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 ARCHS = ("lxmert", "visualbert", "vlbert", "vilbert")
 FORMATS = ("ours", "hf", "official")
 
-HELP = "convert a model checkpoint between our, Hugging Face and official LXMERT formats"
+HELP = "convert a model checkpoint between our, Hugging Face and the authors' released formats"
 DESCRIPTION = """\
 Convert a model checkpoint from any of three formats into another, strictly: a tensor missing,
 unexpected or of the wrong shape is an error that names it.
@@ -21,9 +22,11 @@ Formats (SRC's is detected; --to chooses DST's):
   hf        a Hugging Face directory: config.json + model.safetensors (or pytorch_model.bin);
             lxmert (LxmertForPreTraining, or LxmertModel for an encoder alone) and visualbert
             (VisualBertModel); written so that transformers' from_pretrained loads it
-  official  the LXMERT repository's torch.save of its state dict (*_LXRT.pth, `module.` prefix):
-            the pretraining model or the encoder alone; lxmert only. Read with
-            torch.load(weights_only=True): tensors only, never pickled code.
+  official  a file as the architecture's authors released it: the LXMERT repository's
+            torch.save of its state dict (*_LXRT.pth, `module.` prefix), the pretraining model
+            or the encoder alone; its architecture is read off its tensor names. Read with
+            torch.load(weights_only=True): tensors only, never pickled code. The authors'
+            config file (--config) gives what their weights do not record.
 
 Examples:
   pipeline convert model_LXRT.pth --to hf --out lxmert-hf
@@ -54,6 +57,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="keep the backbone only (a Hugging Face task model's, or LXMERT's encoder)",
     )
     parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the authors' config file (their JSON or yaml) for an official SRC whose weights do "
+        "not record every size (default: their released model's, said in a note)",
+    )
+    parser.add_argument(
         "--num-heads",
         type=int,
         metavar="N",
@@ -78,7 +87,11 @@ def run(args: argparse.Namespace) -> int:
     writers = {"ours": save_ours, "hf": save_hf, "official": save_official}
     try:
         checkpoint = load_checkpoint(
-            args.src, args.arch, drop_heads=args.drop_heads, num_heads=args.num_heads
+            args.src,
+            args.arch,
+            drop_heads=args.drop_heads,
+            num_heads=args.num_heads,
+            config_file=args.config,
         )
         writers[args.to](out, checkpoint.arch, checkpoint.config, checkpoint.state_dict)
     except CheckpointError as err:
@@ -93,8 +106,10 @@ def run(args: argparse.Namespace) -> int:
     )
     for note in report.notes:
         print(f"  note: {note}")
-    config = checkpoint.config  # official files are LXMERT's, whose readers assume hidden / 64
-    if args.to == "official" and config.num_heads * 64 != config.hidden_size:
+    config = checkpoint.config  # LXMERT's official readers assume hidden / 64 heads
+    if (args.to, checkpoint.arch) == ("official", "lxmert") and (
+        config.num_heads * 64 != config.hidden_size
+    ):
         print(f"  note: official files do not record the attention heads, and readers assume "
               f"hidden / 64 ({config.hidden_size} / 64); this model has {config.num_heads}: read "
               f"{out} back with --num-heads {config.num_heads}")
