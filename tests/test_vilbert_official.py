@@ -252,3 +252,23 @@ def test_config_from_authors_refuses_what_is_not_implemented(tmp_path, config_fi
         path.write_text(json.dumps({**THEIR_CONFIG, key: value}))
         with pytest.raises(CheckpointError, match=key):
             vo.config_from_authors(path)
+
+
+def test_through_load_checkpoint_to_our_format_and_back(tmp_path, config_file, io, monkeypatch):
+    from model.checkpoints import build_model, formats, load_checkpoint, save_official, save_ours
+
+    # the seam's table (the lead's integration adds ViLBERT to it)
+    monkeypatch.setitem(formats.OFFICIAL, "vilbert", vo)
+    raw = _their_file(tmp_path, "multitask_state")  # also written to tmp_path/pytorch_model.bin
+    ckpt = load_checkpoint(tmp_path / "pytorch_model.bin", config_file=config_file)
+    assert (ckpt.arch, ckpt.report.format, ckpt.report.model) == (
+        "vilbert", "official", "VilBertForMultiTask")
+    assert "vqa_head" in ckpt.report.heads and "mlm_head" in ckpt.report.heads
+    ours = load_checkpoint(save_ours(tmp_path / "ours", "vilbert", ckpt.config, ckpt.state_dict))
+    model = build_model(ours).eval()
+    with torch.no_grad():
+        vqa = model(**_inputs(io), task_ids=io["task_ids"][:, 0]).vqa_logits
+    assert (vqa - _load("multitask_out")["out.vil_prediction"]).abs().max() <= TOL
+    back = save_official(tmp_path / "back.bin", "vilbert", ours.config, ours.state_dict)
+    again = torch.load(back, weights_only=True)
+    assert again.keys() == raw.keys() and all(torch.equal(again[n], raw[n]) for n in raw)
