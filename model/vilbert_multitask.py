@@ -4,15 +4,21 @@ num_task_tokens = 20) and one head per task group, as the official `VILBertForVL
 (facebookresearch/vilbert-multi-task, vilbert/vilbert.py) holds them in `multi_task_model.bin`.
 
 Every head reads the element-wise product of the pooled outputs, h = dropout(h_CLS * h_IMG)
-(bi_hidden wide), or a stream's hidden states:
-- vqa_head: VQA v2 and Visual Genome QA; GeluMLPClassifier(bi, 2 bi, num_vqa_answers) on h.
-- gqa_head: GQA; GeluMLPClassifier(bi, 2 bi, num_gqa_answers) on h.
-- pair_head: NLVR2; rows 2i and 2i+1 (the sentence with each image) concatenated, (2 bi) -> 2.
-- choice_head: Linear(bi, 1) on h: one score per row (retrieval, GuessWhat, multiple choice).
-- entailment_head: Linear(bi, 3) on h (SNLI-VE).
-- region_score_head: Linear(Hv, 1) on each visual position (referring expressions), padded
-  regions pushed down by -10000 as the official code does.
-- token_score_head: Linear(H, 1) on each text position (the official `linguisic_logit`).
+(bi_hidden wide), or a stream's hidden states. Which task uses which head (the official
+vilbert_tasks.yml "type"; task_ids are its task numbers, TASK<n> -> n):
+- vqa_head (VL-classifier): VQA v2 (1), Visual Genome QA (2);
+  GeluMLPClassifier(bi, 2 bi, num_vqa_answers) on h.
+- gqa_head (VL-classifier-GQA): GQA (15); GeluMLPClassifier(bi, 2 bi, num_gqa_answers) on h.
+- pair_head (VL-binary-classifier): NLVR2 (12), FOIL (16); rows 2i and 2i + 1 concatenated,
+  GeluMLPClassifier(2 bi, 2 bi, 2).
+- choice_head (VL-logit): Visual Dialog (3), VCR (5, 6), COCO / Flickr30k retrieval (7, 8);
+  Linear(bi, 1) on h, one score per row (the rows of one example's options are compared).
+- entailment_head (VL-tri-classifier): SNLI-VE (13), GuessWhat (14); Linear(bi, 3) on h.
+- region_score_head (V-logit, V-logit-mc): RefCOCO, RefCOCO+, RefCOCOg (9-11), Flickr30k
+  grounding (18), Visual7W and GuessWhat pointing (4, 17); Linear(Hv, 1) on every visual
+  position, padded regions pushed down by -10000 as the official code does.
+- token_score_head: Linear(H, 1) on every text position (the official `linguisic_logit`, which
+  no task reads).
 The official model also keeps the pretraining heads (`cls.*`): mlm_head, region_head and
 align_head, exactly as VilBertForPreTraining's.
 
