@@ -9,6 +9,7 @@ from torch import nn
 
 from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertModel
 from model.vilbert import VilBertConfig, VilBertModel
+from model.vilbert_beta_tasks import VilBertForBetaTasks
 from model.vilbert_multitask import VilBertForMultiTask
 from model.vilbert_pretraining import VilBertForPreTraining
 from model.visualbert import VisualBertConfig, VisualBertModel
@@ -23,8 +24,8 @@ class Arch:
     fine-tuning wraps). pretraining: the model with its paper's pretraining heads, whose
     `encoder_attr` attribute holds the encoder. saved: the classes a checkpoint of this
     architecture may hold, the default first: LXMERT's whole pretraining model (its QA head
-    transfers to VQA / GQA) or its encoder; ViLBERT's encoder, pretraining model or 12-in-1
-    multi-task model (its authors' released files); the encoder alone for the others."""
+    transfers to VQA / GQA) or its encoder; ViLBERT's encoder, pretraining model, 12-in-1
+    multi-task model or vilbert_beta task model (its authors' released files); the encoder alone for the others."""
 
     config: type
     encoder: type[nn.Module]
@@ -45,7 +46,7 @@ ARCHS: dict[str, Arch] = {
     "vlbert": Arch(VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert", (VlBertModel,)),
     "vilbert": Arch(
         VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert",
-        (VilBertModel, VilBertForPreTraining, VilBertForMultiTask),
+        (VilBertModel, VilBertForPreTraining, VilBertForMultiTask, VilBertForBetaTasks),
     ),
 }
 ARCH_NAMES = tuple(ARCHS)

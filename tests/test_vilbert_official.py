@@ -27,7 +27,10 @@ environment (nothing of their code is in this repository):
   next_sentence_label)` and their sum (train_concap.py's loss); for VILBertForVLTasks every
   output of its forward. beta_pretraining_out: jiasenlu/vilbert_beta at f0c9a2b,
   `BertForMultiModalPreTraining` of the same config with the pretraining_state loaded (its
-  state dict has exactly the same names), given the same inputs.
+  state dict has exactly the same names), given the same inputs. beta_tasks: vilbert_beta's
+  `VILBertForVLTasks` (num_labels 7) of the same config with the pretraining_state loaded and
+  its task heads (the tensors in the file) drawn as above from a generator seeded 3, given the
+  same inputs; its outputs `out.*`.
 """
 
 from __future__ import annotations
@@ -272,3 +275,30 @@ def test_through_load_checkpoint_to_our_format_and_back(tmp_path, config_file, i
     back = save_official(tmp_path / "back.bin", "vilbert", ours.config, ours.state_dict)
     again = torch.load(back, weights_only=True)
     assert again.keys() == raw.keys() and all(torch.equal(again[n], raw[n]) for n in raw)
+
+
+def test_beta_task_model_equals_the_authors(tmp_path, config_file, io):
+    from model.vilbert_beta_tasks import VilBertForBetaTasks
+
+    beta = _load("beta_tasks")
+    heads = {n: t for n, t in beta.items() if not n.startswith("out.")}
+    raw = {**_their_file(tmp_path, "pretraining_state"), **heads}
+    config, state, model_name = vo.read_official(
+        raw, config_file=config_file, drop_heads=False, notes=[])
+    assert model_name == "VilBertForBetaTasks" and config.num_vqa_answers == 7
+    model = _build(VilBertForBetaTasks, config, state)
+    with torch.no_grad():
+        out = model(**_inputs(io))
+    errors: dict = {}
+    pairs = {
+        "cross_relationship_score": beta["out.seq_relationship_score"].flip(-1),
+        "answer_logits": beta["out.vil_prediction"],
+        "choice_scores": beta["out.vil_logit"][:, 0],
+        "region_scores": beta["out.vision_logit"][..., 0],
+        "token_scores": beta["out.linguisic_logit"][..., 0],
+    }
+    for name, theirs in pairs.items():
+        _compare(errors, name, getattr(out, name), theirs)
+    _report("beta_tasks", errors)
+    back = vo.write_official(config, state, model_name)
+    assert back.keys() == raw.keys() and all(torch.equal(back[n], raw[n]) for n in raw)

@@ -5,6 +5,9 @@ tensors alike (their `vilbert/vilbert.py`); a file is one of
 - the backbone alone, `BertModel` under `bert.`                        -> VilBertModel
 - `BertForMultiModalPreTraining`: `bert.*` and `cls.*` (the CC-pretrained `pretrained_model.bin`,
   vilbert_beta's `pytorch_model_8.bin`)                                -> VilBertForPreTraining
+- vilbert_beta's `VILBertForVLTasks` (its fine-tuned VQA, VCR, RefCOCO+ and retrieval models):
+  `bert.*`, `cls.*`, a weight-normed `vil_prediction.main.{0,3}`, `vil_logit`, `vision_logit`,
+  `linguisic_logit`                                                    -> VilBertForBetaTasks
 - vilbert-multi-task's `VILBertForVLTasks`: `bert.*`, `cls.*` and the task heads `vil_prediction`,
   `vil_prediction_gqa`, `vil_binary_prediction`, `vil_logit`, `vil_tri_prediction`,
   `vision_logit`, `linguisic_logit`; the 12-in-1 `multi_task_model.bin` also holds
@@ -17,8 +20,6 @@ Two conventions differ from ours and are converted, exactly:
   image's own caption); our align head scores [not aligned, aligned]: its two rows are swapped.
 - the co-attention's `biOutput.q_dense1/2` are never used by their forward; the config's
   keep_unused_q_dense holds them so that a file loads strictly and converts back whole.
-vilbert_beta's fine-tuned task models (a weight-normed `vil_prediction`) have no class here: their
-backbone and pretraining heads load with drop_heads.
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ import torch
 
 from model.checkpoints.common import CheckpointError, check_state, shapes_of
 from model.vilbert import VilBertConfig, VilBertModel
+from model.vilbert_beta_tasks import VilBertForBetaTasks
 from model.vilbert_multitask import VilBertForMultiTask
 from model.vilbert_pretraining import VilBertForPreTraining
 
 BACKBONE = "vilbert."  # our backbone's prefix inside the pretraining and multi-task models
-CLASSES = {cls.__name__: cls for cls in (VilBertModel, VilBertForPreTraining, VilBertForMultiTask)}
+CLASSES = {cls.__name__: cls for cls in (
+    VilBertModel, VilBertForPreTraining, VilBertForMultiTask, VilBertForBetaTasks)}
 ALIGN = ("align_head.classifier.weight", "align_head.classifier.bias")  # rows swapped both ways
 TIED = ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight")  # alias, owner
 TASK_HEADS = ("vil_prediction.", "vil_prediction_gqa.", "vil_binary_prediction.", "vil_logit.",
@@ -94,6 +97,8 @@ _HEADS = {
     "region_head.transform.dense": "cls.imagePredictions.transform.dense",
     "region_head.transform.norm": "cls.imagePredictions.transform.LayerNorm",
     "region_head.classifier": "cls.imagePredictions.decoder",
+    "answer_head.dense": "vil_prediction.main.0",
+    "answer_head.classifier": "vil_prediction.main.3",
     "vqa_head.dense": "vil_prediction.logit_fc.0",
     "vqa_head.norm": "vil_prediction.logit_fc.2",
     "vqa_head.classifier": "vil_prediction.logit_fc.3",
@@ -213,7 +218,8 @@ def _sizes(raw: Mapping[str, torch.Tensor]) -> dict[str, int]:
         visual_num_layers=count("bert.encoder.v_layer."),
         coattn_layers=count("bert.encoder.c_layer."),
         num_region_classes=rows("cls.imagePredictions.decoder.weight"),
-        num_vqa_answers=rows("vil_prediction.logit_fc.3.weight"),
+        num_vqa_answers=rows("vil_prediction.logit_fc.3.weight")
+        or rows("vil_prediction.main.3.weight_v"),
         num_gqa_answers=rows("vil_prediction_gqa.logit_fc.3.weight"),
     )
     return {k: v for k, v in sizes.items() if v is not None}
@@ -259,11 +265,8 @@ def read_official(
         state = {n: t for n, t in state.items() if n.startswith("bert.")}
         model = "VilBertModel"
     elif task_heads:
-        if "vil_prediction.main.0.weight_g" in state:
-            raise CheckpointError(
-                "a vilbert_beta task model (weight-normed vil_prediction): no class holds its "
-                "heads; drop_heads (--drop-heads) keeps the backbone")
-        model = "VilBertForMultiTask"
+        beta = "vil_prediction.main.0.weight_v" in state  # vilbert_beta's SimpleClassifier
+        model = "VilBertForBetaTasks" if beta else "VilBertForMultiTask"
     else:
         model = "VilBertForPreTraining" if heads else "VilBertModel"
     if TIED[1] in state and TIED[0] not in state and model != "VilBertModel":
