@@ -37,6 +37,7 @@ state_dict keys (our public API):
     coattn_layers.{k}.visual.(same names)     [query/key/value: own width -> bi_hidden_size]
     text_pooler.{weight,bias}, visual_pooler.{weight,bias}
     text_embeddings.task.weight                 [num_task_tokens > 0 only]
+    visual_layers.{i}.attn.gate_{query,key}.{weight,bias}   [dynamic_attention only]
     coattn_layers.{k}.{text,visual}.q_dense.{weight,bias}   [keep_unused_q_dense only]
 The official files' `biOutput.q_dense{1,2}` (Linear(bi, width), which their forward never uses)
 are kept by keep_unused_q_dense, so that those files load strictly and convert back whole.
@@ -90,6 +91,9 @@ class VilBertConfig:
         heads (the official VILBertForVLTasks: 3129 and 1533).
     keep_unused_q_dense: hold the official co-attention's unused `q_dense` layers (the released
         files have them); they take no part in the forward.
+    dynamic_attention: the official option (vilbert-multi-task; no released file uses it): each
+        visual layer scales its queries and keys by 1 + sigmoid(Linear(t)), t the masked mean of
+        the text states (`visual_layers.{i}.attn.gate_{query,key}`, the official dyLinear_q/k).
     """
 
     vocab_size: int = 30522
@@ -120,6 +124,7 @@ class VilBertConfig:
     num_vqa_answers: int = 3129
     num_gqa_answers: int = 1533
     keep_unused_q_dense: bool = False  # True for the official files
+    dynamic_attention: bool = False
 
     def __post_init__(self) -> None:
         for name, width, heads in (
@@ -181,22 +186,27 @@ class VilBertOutput:
 
 
 class VilBertSelfAttention(nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, gate_from: int = 0) -> None:
         super().__init__()
         self.query = nn.Linear(width, width)
         self.key = nn.Linear(width, width)
         self.value = nn.Linear(width, width)
         self.out = nn.Linear(width, width)
+        if gate_from:  # dynamic attention: query and key gates from a gate_from-wide text vector
+            self.gate_query = nn.Linear(gate_from, width)
+            self.gate_key = nn.Linear(gate_from, width)
 
 
 class VilBertLayer(nn.Module):
     """A post-LayerNorm BERT layer (TRM) of either stream."""
 
-    def __init__(self, width: int, heads: int, intermediate: int, cfg: VilBertConfig) -> None:
+    def __init__(
+        self, width: int, heads: int, intermediate: int, cfg: VilBertConfig, gate_from: int = 0
+    ) -> None:
         super().__init__()
         self.num_heads = heads
         self.attention_dropout = cfg.attention_dropout
-        self.attn = VilBertSelfAttention(width)
+        self.attn = VilBertSelfAttention(width, gate_from)
         self.attn_norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps)
         self.ffn_in = nn.Linear(width, intermediate)
         self.ffn_out = nn.Linear(intermediate, width)
@@ -204,13 +214,19 @@ class VilBertLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | KeyMask | None, need_weights: bool = False
+        self, x: torch.Tensor, mask: torch.Tensor | KeyMask | None, need_weights: bool = False,
+        gate: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, L, W), mask (B, L) bool (or prepared: `key_mask`) or None -> (B, L, W),
-        weights (B, heads, L, L) or None."""
+        weights (B, heads, L, L) or None. gate (B, gate_from): the text vector that scales the
+        queries and keys by 1 + sigmoid(Linear(gate)), for a layer built with gate_from."""
         a = self.attn
+        q, k, v = project(x, a.query, a.key, a.value)
+        if gate is not None:
+            q = q * (1 + torch.sigmoid(a.gate_query(gate)))[:, None]
+            k = k * (1 + torch.sigmoid(a.gate_key(gate)))[:, None]
         context, weights = attend(
-            *project(x, a.query, a.key, a.value), mask, num_heads=self.num_heads,
+            q, k, v, mask, num_heads=self.num_heads,
             dropout_p=self.attention_dropout if self.training else 0.0, need_weights=need_weights)
         x = self.attn_norm(x + self.dropout(a.out(context)))
         x = self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
@@ -308,6 +324,14 @@ class VilBertVisualEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x (B, L, W), mask (B, L) bool or None (nothing padded) -> (B, W), the mean of the kept."""
+    if mask is None:
+        return x.mean(1)
+    keep = mask[..., None].to(x.dtype)
+    return (x * keep).sum(1) / keep.sum(1)
+
+
 def with_global_region(
     features: torch.Tensor, boxes: torch.Tensor, region_mask: torch.Tensor | None,
     image_feature: torch.Tensor | None = None,
@@ -352,7 +376,8 @@ class VilBertModel(nn.Module):
             VilBertLayer(c.hidden_size, c.num_heads, c.intermediate_size, c)
             for _ in range(c.num_layers))
         self.visual_layers = nn.ModuleList(
-            VilBertLayer(c.visual_hidden_size, c.visual_num_heads, c.visual_intermediate_size, c)
+            VilBertLayer(c.visual_hidden_size, c.visual_num_heads, c.visual_intermediate_size, c,
+                         gate_from=c.hidden_size if c.dynamic_attention else 0)
             for _ in range(c.visual_num_layers))
         self.coattn_layers = nn.ModuleList(VilBertCoAttentionLayer(c) for _ in c.text_coattn_layers)
         self.text_pooler = nn.Linear(c.hidden_size, c.bi_hidden_size)
@@ -413,11 +438,16 @@ class VilBertModel(nn.Module):
         steps = [*zip(c.text_coattn_layers, c.visual_coattn_layers, self.coattn_layers),
                  (c.num_layers, c.visual_num_layers, None)]
         for t_at, v_at, coattn in steps:
+            t_before = t
             for layer in self.text_layers[t_done:t_at]:
                 t, w = layer(t, t_keep, output_attentions)
                 weights["t"].append(w)
+            gate = None
+            if c.dynamic_attention:  # the official encoder runs the text layers first, except
+                # after the last co-attention layer, where the visual layers go first
+                gate = masked_mean(t if coattn is not None else t_before, t_mask)
             for layer in self.visual_layers[v_done:v_at]:
-                v, w = layer(v, v_keep, output_attentions)
+                v, w = layer(v, v_keep, output_attentions, gate)
                 weights["v"].append(w)
             t_done, v_done = t_at, v_at
             if coattn is not None:

@@ -9,14 +9,15 @@ environment (nothing of their code is in this repository):
   v_num_hidden_layers 2, v_num_attention_heads 2, v_intermediate_size 20, bi_hidden_size 8,
   bi_num_attention_heads 2, v_biattention_id [0, 1], t_biattention_id [2, 3], every dropout 0,
   fusion_method "mul", visual_target 0 (KL)). After their init, every tensor of the state dict
-  (sorted by name) was overwritten with torch.randn(shape, generator) * 0.5, the generator seeded
-  0 for `BertForMultiModalPreTraining` (pretraining_state) and 2 for `VILBertForVLTasks` with
+  (sorted by name) was overwritten from one torch.Generator: x = torch.randn(shape, generator);
+  LayerNorm gains 1 + 0.2 x, other 1-d tensors 0.2 x, matrices x / sqrt(shape[1]), 0-d x; the
+  generator seeded 0 for `BertForMultiModalPreTraining` (pretraining_state) and 2 for `VILBertForVLTasks` with
   task_specific_tokens=True and num_labels 7 (multitask_state), its hard-coded answer counts
   3129 / 1533 shrunk to 7 / 5 to keep the file small. The state files hold their
   `state_dict()` names, the tied `cls.predictions.decoder.weight` once (safetensors keeps no
   aliases; the test restores it, as torch.save would hold it).
 - Inputs (pretraining_io, generator seeded 1): B 2, T 7 tokens (row 1 padded from 5), N 5
-  regions (row 0 padded from 3) of 10-d features and normalised x1 y1 x2 y2 boxes, padding
+  regions (row 0 padded from 3) of 10-d features (2 torch.randn) and normalised x1 y1 x2 y2 boxes, padding
   zeroed; their model was given the whole-image region first as their datasets build it (the
   mean of the real regions' features, location [0, 0, 1, 1, 1]) and the 5-d locations with the
   area. Targets in their conventions: masked_lm_labels (-1 ignored), image_label (1 masked),
@@ -30,7 +31,10 @@ environment (nothing of their code is in this repository):
   state dict has exactly the same names), given the same inputs. beta_tasks: vilbert_beta's
   `VILBertForVLTasks` (num_labels 7) of the same config with the pretraining_state loaded and
   its task heads (the tensors in the file) drawn as above from a generator seeded 3, given the
-  same inputs; its outputs `out.*`.
+  same inputs; its outputs `out.*`. dynamic_attention: vilbert-multi-task's
+  `BertForMultiModalPreTraining` of the same config with dynamic_attention=True, the
+  pretraining_state loaded and the dyLinear_q/k tensors (in the file) drawn as above from a
+  generator seeded 4, given the same inputs; its outputs `out.*`.
 """
 
 from __future__ import annotations
@@ -205,13 +209,13 @@ def test_dataparallel_prefix_and_drop_heads(tmp_path, config_file):
 def test_errors_name_the_files_own_tensors(tmp_path, config_file):
     raw = {f"module.{n}": t for n, t in _their_file(tmp_path, "pretraining_state").items()}
     del raw["module.bert.encoder.c_layer.1.biattention.key2.bias"]
-    raw["module.bert.encoder.v_layer.0.attention.self.dyLinear_q.weight"] = torch.zeros(12, 16)
+    raw["module.bert.encoder.c_layer.0.biattention.logit1.weight"] = torch.zeros(2, 16)
     raw["module.cls.imagePredictions.decoder.bias"] = torch.zeros(8)
     with pytest.raises(CheckpointError) as err:
         vo.read_official(raw, config_file=config_file, drop_heads=False, notes=[])
     message = str(err.value)
     assert "missing: module.bert.encoder.c_layer.1.biattention.key2.bias" in message
-    assert "unexpected: module.bert.encoder.v_layer.0.attention.self.dyLinear_q.weight" in message
+    assert "unexpected: module.bert.encoder.c_layer.0.biattention.logit1.weight" in message
     assert "wrong shape: module.cls.imagePredictions.decoder.bias: expected [7]" in message
     assert CheckpointError is ModelCheckpointError
 
@@ -250,7 +254,7 @@ def test_only_vilbert_files_look_like_vilbert(tmp_path):
 
 def test_config_from_authors_refuses_what_is_not_implemented(tmp_path, config_file):
     assert vo.config_from_authors(config_file).num_region_classes == 7
-    for key, value in (("dynamic_attention", True), ("model", "roberta"), ("fusion_method", "sum")):
+    for key, value in (("model", "roberta"), ("fusion_method", "sum"), ("hidden_act", "relu")):
         path = tmp_path / f"{key}.json"
         path.write_text(json.dumps({**THEIR_CONFIG, key: value}))
         with pytest.raises(CheckpointError, match=key):
@@ -300,5 +304,25 @@ def test_beta_task_model_equals_the_authors(tmp_path, config_file, io):
     for name, theirs in pairs.items():
         _compare(errors, name, getattr(out, name), theirs)
     _report("beta_tasks", errors)
+    back = vo.write_official(config, state, model_name)
+    assert back.keys() == raw.keys() and all(torch.equal(back[n], raw[n]) for n in raw)
+
+
+def test_dynamic_attention_equals_the_authors(tmp_path, config_file, io):
+    dynamic = _load("dynamic_attention")
+    extra = {n: t for n, t in dynamic.items() if not n.startswith("out.")}
+    raw = {**_their_file(tmp_path, "pretraining_state"), **extra}
+    config, state, model_name = vo.read_official(
+        raw, config_file=config_file, drop_heads=False, notes=[])
+    assert config.dynamic_attention and model_name == "VilBertForPreTraining"
+    model = _build(VilBertForPreTraining, config, state)
+    with torch.no_grad():
+        out = model(**_inputs(io))
+    errors: dict = {}
+    for name in ("text_hidden", "visual_hidden", "pooled", "pooled_visual"):
+        _compare(errors, name, getattr(out, name), dynamic[f"out.{name}"])
+    _compare(errors, "region_class_logits", out.region_class_logits,
+             dynamic["out.prediction_scores_v"][:, 1:])
+    _report("dynamic_attention", errors)
     back = vo.write_official(config, state, model_name)
     assert back.keys() == raw.keys() and all(torch.equal(back[n], raw[n]) for n in raw)

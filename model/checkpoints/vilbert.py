@@ -51,6 +51,8 @@ _LAYER = {  # ours under {text,visual}_layers.{i}. -> theirs under encoder.{laye
     "attn.key": "attention.self.key",
     "attn.value": "attention.self.value",
     "attn.out": "attention.output.dense",
+    "attn.gate_query": "attention.self.dyLinear_q",
+    "attn.gate_key": "attention.self.dyLinear_k",
     "attn_norm": "attention.output.LayerNorm",
     "ffn_in": "intermediate.dense",
     "ffn_out": "output.dense",
@@ -150,14 +152,13 @@ def looks_like(names: Collection[str]) -> bool:
 def config_from_authors(path: Path) -> VilBertConfig:
     """Their JSON config (config/bert_base_6layer_6conect.json and the others) -> our config.
 
-    Refuses what VilBertModel does not implement (RoBERTa embeddings, dynamic attention, a
-    fusion other than "mul", co-attention off, another activation). The task token is not in
+    Refuses what VilBertModel does not implement (RoBERTa embeddings, a fusion other than "mul",
+    co-attention off, another activation). The task token is not in
     their JSON (a command-line flag): read_official sets it from the file's tensors.
     """
     raw = json.loads(Path(path).read_text())
     refused = {
         "model": ("bert", "only the BERT text stream is implemented (not RoBERTa)"),
-        "dynamic_attention": (False, "dynamic attention is not implemented"),
         "fusion_method": ("mul", "only the 'mul' fusion of the pooled outputs is implemented"),
         "with_coattention": (True, "a model without co-attention is not ViLBERT"),
         "hidden_act": ("gelu", "only the (erf) GELU activation is implemented"),
@@ -189,6 +190,7 @@ def config_from_authors(path: Path) -> VilBertConfig:
             initializer_range=raw["initializer_range"],
             num_region_classes=raw.get("v_target_size", 1601),
             keep_unused_q_dense=True,
+            dynamic_attention=raw.get("dynamic_attention", False),
         )
     except KeyError as err:
         raise CheckpointError(f"{path}: not a ViLBERT config, no {err.args[0]!r}") from None
@@ -289,7 +291,8 @@ def read_official(
     task = state.get("bert.embeddings.task_embeddings.weight")
     config = dataclasses.replace(
         config, num_task_tokens=0 if task is None else task.shape[0],
-        keep_unused_q_dense=any(".biOutput.q_dense" in n for n in state))
+        keep_unused_q_dense=any(".biOutput.q_dense" in n for n in state),
+        dynamic_attention=any(".attention.self.dyLinear_" in n for n in state))
 
     names = official_names(config, model)
     expected = {prefix + names[n]: s for n, s in shapes_of(CLASSES[model], config).items()}
