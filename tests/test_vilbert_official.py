@@ -228,17 +228,19 @@ def test_a_file_of_another_size_is_one_line(tmp_path, config_file):
         vo.read_official(raw, config_file=config_file, drop_heads=False, notes=[])
 
 
-def test_without_a_config_the_shipped_layout_is_assumed_and_noted():
-    """A paper-size file (built on the meta device: shapes only) reads as the authors'
+@pytest.mark.parametrize("model_name, tokens", [
+    ("VilBertForPreTraining", 0), ("VilBertForMultiTask", 20), ("VilBertForBetaTasks", 0)])
+def test_without_a_config_the_shipped_layout_is_assumed_and_noted(model_name, tokens):
+    """A paper-size file (built on the meta device: shapes only) of each released layout (the CC
+    pretrained model, the 12-in-1 model, a vilbert_beta task model) reads as the authors'
     bert_base_6layer_6conect.json."""
-    paper = VilBertConfig(num_region_classes=1601, keep_unused_q_dense=True)
+    paper = VilBertConfig(keep_unused_q_dense=True, num_task_tokens=tokens)
     raw = vo.write_official(
         paper, {n: torch.empty(s, device="meta")
-                for n, s in shapes_of(VilBertForPreTraining, paper).items()},
-        "VilBertForPreTraining")
+                for n, s in shapes_of(vo.CLASSES[model_name], paper).items()}, model_name)
     notes: list[str] = []
-    config, _, model_name = vo.read_official(raw, config_file=None, drop_heads=False, notes=notes)
-    assert (config, model_name) == (paper, "VilBertForPreTraining")
+    config, _, found = vo.read_official(raw, config_file=None, drop_heads=False, notes=notes)
+    assert (config, found) == (paper, model_name)
     assert "bert_*_6layer_6conect.json" in notes[0] and "12 text heads" in notes[0]
 
 
