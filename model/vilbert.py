@@ -24,8 +24,9 @@
   task embedding is inserted after [CLS] (no position or segment embedding of its own; the
   official `BertEmbeddings` with task_specific_tokens), so the text stream has T + 1 positions.
 - Pooling: h_CLS = act(Linear(text_hidden[:, 0])) and h_IMG = act(Linear(visual_hidden[:, 0])),
-  both of width bi_hidden_size so the alignment head can take h_IMG * h_CLS -> Linear. NOTE:
-  `pooled` is therefore (B, bi_hidden_size), not (B, H). The official code uses ReLU in both
+  both of width bi_hidden_size, fused into `joint` = h_CLS * h_IMG (config fusion "sum":
+  h_CLS + h_IMG) for the alignment and task heads. NOTE: `pooled` is therefore
+  (B, bi_hidden_size), not (B, H). The official code uses ReLU in both
   poolers (`BertTextPooler`, `BertImagePooler`); the paper does not say: `pooler_activation`.
 
 state_dict keys (our public API):
@@ -79,6 +80,9 @@ class VilBertConfig:
         layer count: after the last); equal lengths, one co-attention layer per pair (the paper:
         6..11 and 0..5, the official t_biattention_id / v_biattention_id).
     pooler_activation: of the [CLS] and IMG poolers: "relu" (the official code) or "tanh" (BERT).
+    fusion: how the joint vector that the alignment and task heads read combines h_CLS and
+        h_IMG: "mul", element-wise product (the paper, every released model), or "sum" (the
+        official fusion_method option).
     hidden_dropout: dropout on the text and region embeddings and on every sub-layer's output
         before its residual sum.
     attention_dropout: dropout on attention probabilities, co-attention's included.
@@ -115,6 +119,7 @@ class VilBertConfig:
     text_coattn_layers: tuple[int, ...] = (6, 7, 8, 9, 10, 11)
     visual_coattn_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
     pooler_activation: str = "relu"  # official code: ReLU; "tanh" as BERT
+    fusion: str = "mul"  # of h_CLS and h_IMG into the joint vector: "mul" (the paper) or "sum"
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
@@ -146,6 +151,8 @@ class VilBertConfig:
             raise ValueError("num_region_classes, num_vqa_answers and num_gqa_answers must be >= 1")
         if self.num_task_tokens < 0:
             raise ValueError(f"num_task_tokens {self.num_task_tokens} must be >= 0")
+        if self.fusion not in ("mul", "sum"):
+            raise ValueError(f"fusion {self.fusion!r}: use 'mul' or 'sum'")
         if self.pooler_activation not in ("relu", "tanh"):
             raise ValueError(f"pooler_activation {self.pooler_activation!r}: use 'relu' or 'tanh'")
         object.__setattr__(self, "text_coattn_layers", t)  # lists from YAML become tuples
@@ -182,6 +189,7 @@ class VilBertOutput:
     visual_mask: torch.Tensor | None  # (B, N + 1) bool: region_mask with a leading True; or None
     pooled: torch.Tensor  # (B, bi_hidden): h_CLS
     pooled_visual: torch.Tensor  # (B, bi_hidden): h_IMG
+    joint: torch.Tensor  # (B, bi_hidden): h_CLS * h_IMG, or h_CLS + h_IMG (config.fusion "sum")
     attentions: VilBertAttentions | None = None
 
 
@@ -456,6 +464,7 @@ class VilBertModel(nn.Module):
                 weights["vt"].append(w_vt)
 
         act = torch.relu if c.pooler_activation == "relu" else torch.tanh
+        pooled, pooled_visual = act(self.text_pooler(t[:, 0])), act(self.visual_pooler(v[:, 0]))
         attentions = None
         if output_attentions:
             attentions = VilBertAttentions(*(tuple(weights[k]) for k in ("t", "v", "tv", "vt")))
@@ -463,7 +472,8 @@ class VilBertModel(nn.Module):
             text_hidden=t,
             visual_hidden=v,
             visual_mask=v_mask,
-            pooled=act(self.text_pooler(t[:, 0])),
-            pooled_visual=act(self.visual_pooler(v[:, 0])),
+            pooled=pooled,
+            pooled_visual=pooled_visual,
+            joint=pooled * pooled_visual if c.fusion == "mul" else pooled + pooled_visual,
             attentions=attentions,
         )

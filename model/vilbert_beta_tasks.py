@@ -2,7 +2,8 @@
 vilbert/vilbert.py, `VILBertForVLTasks`; its VQA, VCR, RefCOCO+ and retrieval models).
 
 The encoder and pretraining heads are VilBertForPreTraining's; the task heads read
-h = dropout(h_CLS * h_IMG) (bi_hidden wide) or a stream's hidden states:
+h = dropout(joint), joint = h_CLS * h_IMG (bi_hidden wide; config fusion "sum": h_CLS + h_IMG),
+or a stream's hidden states:
 - answer_head: weight-normed Linear(bi, 2 bi) -> ReLU -> dropout -> weight-normed
   Linear(2 bi, num_vqa_answers) on h (their `SimpleClassifier`; VQA).
 - choice_head: Linear(bi, 1) on h (VCR, retrieval).
@@ -113,7 +114,7 @@ class VilBertForBetaTasks(VilBertForPreTraining):
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
             features=features, boxes=boxes, region_mask=region_mask, image_feature=image_feature)
         t, v = out.text_hidden, out.visual_hidden
-        joint = self.dropout(out.pooled * out.pooled_visual)  # (B, bi)
+        joint = self.dropout(out.joint)  # (B, bi)
         region_scores = self.region_score_head(self.dropout(v)).squeeze(-1)  # (B, N + 1)
         if out.visual_mask is not None:  # additive, as the official vision_logit
             region_scores = region_scores + (~out.visual_mask).to(region_scores.dtype) * -10000.0
@@ -125,8 +126,7 @@ class VilBertForBetaTasks(VilBertForPreTraining):
             pooled_visual=out.pooled_visual,
             lang_prediction_logits=self.mlm_head(t),
             region_class_logits=self.region_head(v[:, 1:]),
-            cross_relationship_score=self.align_head(self.align_dropout(
-                out.pooled * out.pooled_visual)),
+            cross_relationship_score=self.align_head(self.align_dropout(out.joint)),
             answer_logits=self.answer_head(joint),
             choice_scores=self.choice_head(joint).squeeze(-1),
             region_scores=region_scores,

@@ -3,8 +3,8 @@ Representation Learning", CVPR 2020): one ViLBERT, a task token after [CLS] (con
 num_task_tokens = 20) and one head per task group, as the official `VILBertForVLTasks`
 (facebookresearch/vilbert-multi-task, vilbert/vilbert.py) holds them in `multi_task_model.bin`.
 
-Every head reads the element-wise product of the pooled outputs, h = dropout(h_CLS * h_IMG)
-(bi_hidden wide), or a stream's hidden states. Which task uses which head (the official
+Every head reads the joint vector h = dropout(h_CLS * h_IMG) (bi_hidden wide; h_CLS + h_IMG
+with config fusion "sum"), or a stream's hidden states. Which task uses which head (the official
 vilbert_tasks.yml "type"; task_ids are its task numbers, TASK<n> -> n):
 - vqa_head (VL-classifier): VQA v2 (1), Visual Genome QA (2);
   GeluMLPClassifier(bi, 2 bi, num_vqa_answers) on h.
@@ -108,7 +108,7 @@ class VilBertForMultiTask(VilBertForPreTraining):
             features=features, boxes=boxes, region_mask=region_mask,
             image_feature=image_feature, task_ids=task_ids)
         t, v = out.text_hidden, out.visual_hidden
-        joint = self.dropout(out.pooled * out.pooled_visual)  # (B, bi)
+        joint = self.dropout(out.joint)  # (B, bi)
         B = joint.shape[0]
         region_scores = self.region_score_head(self.dropout(v)).squeeze(-1)  # (B, N + 1)
         if out.visual_mask is not None:  # additive, as the official vision_logit
@@ -121,8 +121,7 @@ class VilBertForMultiTask(VilBertForPreTraining):
             pooled_visual=out.pooled_visual,
             lang_prediction_logits=self.mlm_head(t),
             region_class_logits=self.region_head(v[:, 1:]),
-            cross_relationship_score=self.align_head(self.align_dropout(
-                out.pooled * out.pooled_visual)),
+            cross_relationship_score=self.align_head(self.align_dropout(out.joint)),
             vqa_logits=self.vqa_head(joint),
             gqa_logits=self.gqa_head(joint),
             pair_logits=self.pair_head(joint[0::2], joint[1::2]) if B % 2 == 0 else None,

@@ -7,8 +7,9 @@ multi-modal alignment prediction.
   distribution of the masked region (the official `imagePredictions`). Scored for the N input
   regions only: the global image region (visual position 0) is never a target, and leaving it
   out lines the logits up with the regions' targets (B, N, C).
-- Alignment: h_IMG * h_CLS (element-wise, both bi_hidden wide), dropout, Linear(bi_hidden, 2):
-  [not aligned, aligned] (the official `bi_seq_relationship` with fusion "mul").
+- Alignment: the joint vector h_IMG * h_CLS (element-wise, both bi_hidden wide; h_IMG + h_CLS
+  with config fusion "sum"), dropout, Linear(bi_hidden, 2): [not aligned, aligned] (the
+  official `bi_seq_relationship`, its rows in the other order: model/checkpoints/vilbert.py).
 Which regions and tokens are masked, and which captions are swapped, is the pretraining
 objectives' business.
 
@@ -111,7 +112,7 @@ class VilBertForPreTraining(nn.Module):
             image_feature=image_feature,
             output_attentions=output_attentions,
         )
-        aligned = self.align_dropout(out.pooled * out.pooled_visual)  # (B, bi_hidden)
+        aligned = self.align_dropout(out.joint)  # (B, bi_hidden)
         return VilBertPreTrainingOutput(
             text_hidden=out.text_hidden,
             visual_hidden=out.visual_hidden,

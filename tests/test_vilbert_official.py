@@ -34,7 +34,9 @@ environment (nothing of their code is in this repository):
   same inputs; its outputs `out.*`. dynamic_attention: vilbert-multi-task's
   `BertForMultiModalPreTraining` of the same config with dynamic_attention=True, the
   pretraining_state loaded and the dyLinear_q/k tensors (in the file) drawn as above from a
-  generator seeded 4, given the same inputs; its outputs `out.*`.
+  generator seeded 4, given the same inputs; its outputs `out.*`. fusion_sum: its
+  `BertForMultiModalPreTraining` with fusion_method "sum" and the pretraining_state, given the
+  same inputs: seq_relationship_score.
 """
 
 from __future__ import annotations
@@ -256,7 +258,7 @@ def test_only_vilbert_files_look_like_vilbert(tmp_path):
 
 def test_config_from_authors_refuses_what_is_not_implemented(tmp_path, config_file):
     assert vo.config_from_authors(config_file).num_region_classes == 7
-    for key, value in (("model", "roberta"), ("fusion_method", "sum"), ("hidden_act", "relu")):
+    for key, value in (("model", "roberta"), ("with_coattention", False), ("hidden_act", "relu")):
         path = tmp_path / f"{key}.json"
         path.write_text(json.dumps({**THEIR_CONFIG, key: value}))
         with pytest.raises(CheckpointError, match=key):
@@ -328,3 +330,19 @@ def test_dynamic_attention_equals_the_authors(tmp_path, config_file, io):
     _report("dynamic_attention", errors)
     back = vo.write_official(config, state, model_name)
     assert back.keys() == raw.keys() and all(torch.equal(back[n], raw[n]) for n in raw)
+
+
+def test_sum_fusion_equals_the_authors(tmp_path, io):
+    config_file = tmp_path / "sum.json"
+    config_file.write_text(json.dumps({**THEIR_CONFIG, "fusion_method": "sum"}))
+    config, state, model_name = vo.read_official(
+        _their_file(tmp_path, "pretraining_state"), config_file=config_file, drop_heads=False,
+        notes=[])
+    assert config.fusion == "sum"
+    model = _build(VilBertForPreTraining, config, state)
+    with torch.no_grad():
+        out = model(**_inputs(io))
+    errors: dict = {}
+    _compare(errors, "cross_relationship_score", out.cross_relationship_score,
+             _load("fusion_sum")["out.seq_relationship_score"].flip(-1))
+    _report("fusion_sum", errors)

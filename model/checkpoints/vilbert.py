@@ -152,14 +152,13 @@ def looks_like(names: Collection[str]) -> bool:
 def config_from_authors(path: Path) -> VilBertConfig:
     """Their JSON config (config/bert_base_6layer_6conect.json and the others) -> our config.
 
-    Refuses what VilBertModel does not implement (RoBERTa embeddings, a fusion other than "mul",
-    co-attention off, another activation). The task token is not in
+    Refuses what VilBertModel does not implement (RoBERTa embeddings, co-attention off, another
+    activation). The task token is not in
     their JSON (a command-line flag): read_official sets it from the file's tensors.
     """
     raw = json.loads(Path(path).read_text())
     refused = {
         "model": ("bert", "only the BERT text stream is implemented (not RoBERTa)"),
-        "fusion_method": ("mul", "only the 'mul' fusion of the pooled outputs is implemented"),
         "with_coattention": (True, "a model without co-attention is not ViLBERT"),
         "hidden_act": ("gelu", "only the (erf) GELU activation is implemented"),
         "v_hidden_act": ("gelu", "only the (erf) GELU activation is implemented"),
@@ -191,6 +190,7 @@ def config_from_authors(path: Path) -> VilBertConfig:
             num_region_classes=raw.get("v_target_size", 1601),
             keep_unused_q_dense=True,
             dynamic_attention=raw.get("dynamic_attention", False),
+            fusion=raw.get("fusion_method", "mul"),
         )
     except KeyError as err:
         raise CheckpointError(f"{path}: not a ViLBERT config, no {err.args[0]!r}") from None
