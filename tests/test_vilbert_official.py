@@ -41,6 +41,7 @@ environment (nothing of their code is in this repository):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -346,3 +347,32 @@ def test_sum_fusion_equals_the_authors(tmp_path, io):
     _compare(errors, "cross_relationship_score", out.cross_relationship_score,
              _load("fusion_sum")["out.seq_relationship_score"].flip(-1))
     _report("fusion_sum", errors)
+
+
+
+def test_our_own_model_writes_every_tensor_of_theirs(tmp_path):
+    """A model of ours without the unused q_dense layers still writes every tensor their
+    BertForMultiModalPreTraining has (zeros where ours has none), and reads back equal."""
+    c = VilBertConfig.tiny()
+    model = VilBertForPreTraining(c)
+    raw = vo.write_official(c, model.state_dict(), "VilBertForPreTraining")
+    full = dataclasses.replace(c, keep_unused_q_dense=True)
+    assert set(raw) == set(vo.official_names(full, "VilBertForPreTraining").values())
+    assert not raw["bert.encoder.c_layer.0.biOutput.q_dense1.weight"].any()
+    config_file = tmp_path / "tiny.json"
+    config_file.write_text(json.dumps({
+        **THEIR_CONFIG, "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+        "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
+        "intermediate_size": c.intermediate_size,
+        "max_position_embeddings": c.max_position_embeddings, "v_feature_size": c.visual_feat_dim,
+        "v_target_size": c.num_region_classes, "v_hidden_size": c.visual_hidden_size,
+        "v_num_hidden_layers": c.visual_num_layers, "v_num_attention_heads": c.visual_num_heads,
+        "v_intermediate_size": c.visual_intermediate_size, "bi_hidden_size": c.bi_hidden_size,
+        "bi_num_attention_heads": c.bi_num_heads, "t_biattention_id": c.text_coattn_layers,
+        "v_biattention_id": c.visual_coattn_layers}))
+    back, state, _ = vo.read_official(raw, config_file=config_file, drop_heads=False, notes=[])
+    assert dataclasses.replace(back, keep_unused_q_dense=False, hidden_dropout=c.hidden_dropout,
+                               attention_dropout=c.attention_dropout) == c
+    ours = model.state_dict()
+    assert all(torch.equal(state[n], t) for n, t in ours.items())
+    assert set(state) - set(ours) == {n for n in state if ".q_dense." in n}

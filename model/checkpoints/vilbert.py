@@ -153,8 +153,8 @@ def config_from_authors(path: Path) -> VilBertConfig:
     """Their JSON config (config/bert_base_6layer_6conect.json and the others) -> our config.
 
     Refuses what VilBertModel does not implement (RoBERTa embeddings, co-attention off, another
-    activation). The task token is not in
-    their JSON (a command-line flag): read_official sets it from the file's tensors.
+    activation). The task token is not in their JSON (a command-line flag): read_official sets it
+    from the file's tensors.
     """
     raw = json.loads(Path(path).read_text())
     refused = {
@@ -289,6 +289,7 @@ def read_official(
             raise CheckpointError(f"the file is of another size than {config_file}: "
                                   + ", ".join(wrong))
     task = state.get("bert.embeddings.task_embeddings.weight")
+    # the options that only add tensors are what the file holds
     config = dataclasses.replace(
         config, num_task_tokens=0 if task is None else task.shape[0],
         keep_unused_q_dense=any(".biOutput.q_dense" in n for n in state),
@@ -322,8 +323,9 @@ def write_official(
         for name in ALIGN:
             out[official_name(name, model)] = state[name].flip(0)
     if not config.keep_unused_q_dense:
+        dtype = next(iter(state.values())).dtype
         full = dataclasses.replace(config, keep_unused_q_dense=True)
         for n, shape in shapes_of(CLASSES[model], full).items():
             if ".q_dense." in n:
-                out[official_name(n, model)] = torch.zeros(shape)
+                out[official_name(n, model)] = torch.zeros(shape, dtype=dtype)
     return out
