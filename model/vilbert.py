@@ -1,5 +1,10 @@
 """ViLBERT (Lu et al., NeurIPS 2019): a text stream and a visual stream joined by co-attention.
 
+Equal to the authors' `BertModel` (facebookresearch/vilbert-multi-task and jiasenlu/vilbert_beta,
+vilbert/vilbert.py) within 1e-5 in float32, its options included (tests/test_vilbert_official.py);
+their model takes the global image region below as its first input region, which their datasets
+build, where ours builds it from the regions.
+
 - Text stream: BERT (token + position + segment embeddings, LayerNorm, dropout; post-LN layers).
 - Visual stream: region embedding = LayerNorm(Linear(feature) + Linear(location)), dropout, where
   location is 5-d: x1, y1, x2, y2 normalised to [0, 1] and the fraction of the image area
