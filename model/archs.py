@@ -25,7 +25,8 @@ class Arch:
     `encoder_attr` attribute holds the encoder. saved: the classes a checkpoint of this
     architecture may hold, the default first: LXMERT's whole pretraining model (its QA head
     transfers to VQA / GQA) or its encoder; ViLBERT's encoder, pretraining model, 12-in-1
-    multi-task model or vilbert_beta task model (its authors' released files); the encoder alone for the others."""
+    multi-task model or vilbert_beta task model (its authors' released files); the encoder
+    alone for the others."""
 
     config: type
     encoder: type[nn.Module]

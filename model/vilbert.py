@@ -313,7 +313,8 @@ class VilBertTextEmbeddings(nn.Module):
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
         task_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """(B, T) ids -> (B, T, H); with task_ids (B,): (B, T + 1, H), the task token after [CLS]."""
+        """(B, T) ids -> (B, T, H); with task_ids (B,): (B, T + 1, H), the task token after
+        [CLS]."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.token(input_ids) + self.position(positions) + self.segment(token_type_ids)
         if task_ids is not None:
@@ -432,12 +433,14 @@ class VilBertModel(nn.Module):
         """
         c = self.config
         if (task_ids is None) != (c.num_task_tokens == 0):
-            raise ValueError(f"task_ids must be given iff num_task_tokens > 0 ({c.num_task_tokens})")
+            raise ValueError(
+                f"task_ids must be given iff num_task_tokens > 0 ({c.num_task_tokens})")
         t_mask = attention_mask.bool() if attention_mask is not None else None
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if task_ids is not None and t_mask is not None:  # the task token is never padding
-            t_mask = torch.cat([t_mask[:, :1], t_mask.new_ones(t_mask.shape[0], 1), t_mask[:, 1:]], 1)
+            task = t_mask.new_ones(t_mask.shape[0], 1)
+            t_mask = torch.cat([t_mask[:, :1], task, t_mask[:, 1:]], 1)
         feats, locations, v_mask = with_global_region(
             features, boxes, region_mask.bool() if region_mask is not None else None, image_feature)
         t = self.text_embeddings(input_ids, token_type_ids, task_ids)  # (B, T [+ 1], H)

@@ -71,7 +71,8 @@ class VilBertMultiTaskOutput:
 
 
 class VilBertForMultiTask(VilBertForPreTraining):
-    """VilBertForPreTraining (the same encoder and pretraining heads) plus the 12-in-1 task heads."""
+    """VilBertForPreTraining (the same encoder and pretraining heads) plus the 12-in-1 task
+    heads."""
 
     def __init__(self, config: VilBertConfig) -> None:
         super().__init__(config)

@@ -11,18 +11,18 @@ environment (nothing of their code is in this repository):
   fusion_method "mul", visual_target 0 (KL)). After their init, every tensor of the state dict
   (sorted by name) was overwritten from one torch.Generator: x = torch.randn(shape, generator);
   LayerNorm gains 1 + 0.2 x, other 1-d tensors 0.2 x, matrices x / sqrt(shape[1]), 0-d x; the
-  generator seeded 0 for `BertForMultiModalPreTraining` (pretraining_state) and 2 for `VILBertForVLTasks` with
-  task_specific_tokens=True and num_labels 7 (multitask_state), its hard-coded answer counts
-  3129 / 1533 shrunk to 7 / 5 to keep the file small. The state files hold their
-  `state_dict()` names, the tied `cls.predictions.decoder.weight` once (safetensors keeps no
-  aliases; the test restores it, as torch.save would hold it).
+  generator seeded 0 for `BertForMultiModalPreTraining` (pretraining_state) and 2 for
+  `VILBertForVLTasks` with task_specific_tokens=True and num_labels 7 (multitask_state), its
+  hard-coded answer counts 3129 / 1533 shrunk to 7 / 5 to keep the file small. The state
+  files hold their `state_dict()` names, the tied `cls.predictions.decoder.weight` once
+  (safetensors keeps no aliases; the test restores it, as torch.save would hold it).
 - Inputs (pretraining_io, generator seeded 1): B 2, T 7 tokens (row 1 padded from 5), N 5
-  regions (row 0 padded from 3) of 10-d features (2 torch.randn) and normalised x1 y1 x2 y2 boxes, padding
-  zeroed; their model was given the whole-image region first as their datasets build it (the
-  mean of the real regions' features, location [0, 0, 1, 1, 1]) and the 5-d locations with the
-  area. Targets in their conventions: masked_lm_labels (-1 ignored), image_label (1 masked),
-  image_target (softmax of 7 logits), next_sentence_label [0, 1] (0 = the image's own
-  caption); task_ids [[1], [13]].
+  regions (row 0 padded from 3) of 10-d features (2 torch.randn) and normalised x1 y1 x2 y2
+  boxes, padding zeroed; their model was given the whole-image region first as their datasets
+  build it (the mean of the real regions' features, location [0, 0, 1, 1, 1]) and the 5-d
+  locations with the area. Targets in their conventions: masked_lm_labels (-1 ignored),
+  image_label (1 masked), image_target (softmax of 7 logits), next_sentence_label [0, 1]
+  (0 = the image's own caption); task_ids [[1], [13]].
 - Outputs (`out.*`): `model.bert(...)` (text, visual hidden, pooled), `model(...)` (head logits)
   and the three losses of `model(..., masked_lm_labels, image_label, image_target,
   next_sentence_label)` and their sum (train_concap.py's loss); for VILBertForVLTasks every
@@ -135,9 +135,11 @@ def test_pretraining_model_equals_the_authors(tmp_path, config_file, io, referen
     errors: dict = {}
     for name in ("text_hidden", "visual_hidden", "pooled", "pooled_visual"):
         _compare(errors, name, getattr(out, name), ref[name])
-    _compare(errors, "lang_prediction_logits", out.lang_prediction_logits, ref["prediction_scores_t"])
+    _compare(errors, "lang_prediction_logits", out.lang_prediction_logits,
+             ref["prediction_scores_t"])
     # their region scores include the whole-image region, which no loss reads
-    _compare(errors, "region_class_logits", out.region_class_logits, ref["prediction_scores_v"][:, 1:])
+    _compare(errors, "region_class_logits", out.region_class_logits,
+             ref["prediction_scores_v"][:, 1:])
     # their alignment head scores [aligned, not aligned]; ours [not aligned, aligned]
     _compare(errors, "cross_relationship_score", out.cross_relationship_score,
              ref["seq_relationship_score"].flip(-1))
@@ -252,7 +254,8 @@ def test_only_vilbert_files_look_like_vilbert(tmp_path):
     assert vo.looks_like(ours) and vo.looks_like([f"module.{n}" for n in ours])
     lxmert = ["module.bert.encoder.x_layers.0.visual_attention.att.query.weight",
               "module.bert.encoder.visn_fc.visn_fc.weight", "module.cls.predictions.bias"]
-    vlbert = ["module.vlbert.word_embeddings.weight", "module.vlbert.encoder.layer.0.output.dense.weight"]
+    vlbert = ["module.vlbert.word_embeddings.weight",
+              "module.vlbert.encoder.layer.0.output.dense.weight"]
     visualbert = ["bert.embeddings.projection.weight", "bert.encoder.layer.0.output.dense.weight"]
     assert not any(vo.looks_like(names) for names in (lxmert, vlbert, visualbert))
 
