@@ -9,6 +9,8 @@ from torch import nn
 
 from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertModel
 from model.vilbert import VilBertConfig, VilBertModel
+from model.vilbert_beta_tasks import VilBertForBetaTasks
+from model.vilbert_multitask import VilBertForMultiTask
 from model.vilbert_pretraining import VilBertForPreTraining
 from model.visualbert import VisualBertConfig, VisualBertModel
 from model.visualbert_pretraining import VisualBertForPreTraining
@@ -29,7 +31,9 @@ class Arch:
     `encoder_attr` attribute holds the encoder. saved: the classes a checkpoint of this
     architecture may hold, the default first: LXMERT's whole pretraining model (its QA head
     transfers to VQA / GQA) or its encoder; VisualBERT's encoder, its pretraining model or one of
-    its authors' task models (model/visualbert_tasks.py); the encoder alone for the others."""
+    its authors' task models (model/visualbert_tasks.py); ViLBERT's encoder, pretraining model,
+    12-in-1 multi-task model or vilbert_beta task model (its authors' released files); the
+    encoder alone for the others."""
 
     config: type
     encoder: type[nn.Module]
@@ -52,6 +56,9 @@ ARCHS: dict[str, Arch] = {
         ),
     ),
     "vlbert": Arch(VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert", (VlBertModel,)),
-    "vilbert": Arch(VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert", (VilBertModel,)),
+    "vilbert": Arch(
+        VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert",
+        (VilBertModel, VilBertForPreTraining, VilBertForMultiTask, VilBertForBetaTasks),
+    ),
 }
 ARCH_NAMES = tuple(ARCHS)

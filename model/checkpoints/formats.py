@@ -30,6 +30,7 @@ from torch import nn
 
 from model.checkpoints import lxmert as lx
 from model.checkpoints import visualbert as vb
+from model.checkpoints import vilbert as vil
 from model.checkpoints import visualbert_original as vbo
 from model.checkpoints.common import (
     CheckpointError,
@@ -47,7 +48,7 @@ OURS_FORMAT = "vlpipe-model-v1"
 HF_MODEL_TYPES = {"lxmert": "lxmert", "visual_bert": "visualbert"}  # config.json model_type -> arch
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".th", ".model")
 # arch -> the module that reads and writes its authors' released files (module docstring)
-OFFICIAL = {"lxmert": lx, "visualbert": vbo}
+OFFICIAL = {"lxmert": lx, "visualbert": vbo, "vilbert": vil}
 
 
 
@@ -291,7 +292,7 @@ def _with_hint(convert, source: str | None, has_heads: bool):
         except CheckpointError as err:
             hint = (
                 "\n(drop_heads=True, or --drop-heads, keeps the backbone alone)"
-                if has_heads
+                if has_heads and "unexpected" in str(err)
                 else ""
             )
             raise CheckpointError(f"{source + ': ' if source else ''}{err}{hint}") from None
