@@ -40,7 +40,10 @@ ARCHS: dict[str, Arch] = {
         VisualBertConfig, VisualBertModel, VisualBertForPreTraining, "visualbert",
         (VisualBertModel,),
     ),
-    "vlbert": Arch(VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert", (VlBertModel,)),
+    "vlbert": Arch(
+        VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert",
+        (VlBertModel, VlBertForPreTraining),
+    ),
     "vilbert": Arch(VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert", (VilBertModel,)),
 }
 ARCH_NAMES = tuple(ARCHS)

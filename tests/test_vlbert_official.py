@@ -1,0 +1,255 @@
+"""VL-BERT with the authors' structure (layout="official") against what their code produced, and
+their released-file layout read, converted and written back (model/checkpoints/vlbert.py).
+
+References (tests/references/vlbert/), made by the authors' code and nothing of ours:
+- repository jackroos/VL-BERT, commit 4373674cbf2bcd6c09a2c26abfdb6705b870e3be;
+- class `pretrain.modules.ResNetVLBERTForPretrainingMultitask` (their `VisualLinguisticBertForPretraining`
+  inside), config `pretrain/function/config.py` defaults with IMAGE_FEAT_PRECOMPUTED true,
+  IMAGE_FINAL_DIM 32, WITH_REL_LOSS false, WITH_MLM_LOSS / WITH_MVRC_LOSS true, *_LOSS_NORM_IN_BATCH_FIRST
+  false, and VLBERT = `TINY_CFG` below (hidden 32, 2 layers, 2 heads, FFN 64, 64 positions, vocab
+  40, 9 region classes, with_pooler true, visual_ln true);
+- two widths their code hard-codes shrunk for size: the appearance feature 2048 -> 64 (the
+  Linear(2 * 2048, ...) of `common/fast_rcnn.py` and `object_mask_visual_embedding`) and the
+  geometry 256 per coordinate -> 8 (so G = 64); torchvision's RoIAlign for their compiled op
+  (unused with precomputed features); float32, eval mode (no dropout), CPU;
+- weights: `torch.manual_seed(0)` at construction (their init), then every LayerNorm, bias,
+  visual LayerNorm and masked appearance redrawn from `torch.Generator().manual_seed(1)`
+  (N(0, 0.25), gains around 1) so no path is zero;
+- `pretraining.model`: `torch.save({"epoch", "optimizer", "state_dict"})` with DataParallel's
+  `module.` names, as their checkpoint callback writes it (optimizer state empty);
+- `pretraining_io.safetensors`: their inputs, `text` (2, 6) token ids (row 2 padded with 0),
+  `boxes` (2, 4, 4 + 64) absolute x1 y1 x2 y2 then the appearance, box 0 the whole image
+  [0, 0, W - 1, H - 1] with the mean feature (their ADD_IMAGE_AS_A_BOX), row 2 with 3 real
+  boxes (padding -2), `im_info` (2, 4) W = 64, H = 32, `mvrc_ops` (2, 4) (one masked RoI a row),
+  `mvrc_labels` (2, 4, 9) soft targets, `mlm_labels` (2, 6) (-1 = none), and one text-only row
+  `aux_text` (1, 7) with `aux_mlm_labels`; their outputs, caught by forward hooks:
+  `text_hidden` (3, 7, 32) (the mlm head's input), `object_hidden` (3, 4, 32) (the mvrc head's),
+  `pooled` (3, 32); returned: `mlm_logits_wvc` (2, 7, 40), `mlm_logits_aux` (1, 7, 40),
+  `mvrc_logits` (2, 4, 9), `mlm_loss_wvc`, `mlm_loss_aux`, `mvrc_loss` and the total `loss`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from model.checkpoints import formats
+from model.checkpoints import vlbert as vl
+from model.checkpoints.common import read_released
+from model.errors import CheckpointError
+from model.heads import IGNORE_INDEX, masked_lm_loss, soft_cross_entropy
+from model.vlbert import VlBertConfig, VlBertModel
+from model.vlbert_pretraining import VlBertForPreTraining
+
+REFERENCES = Path(__file__).parent / "references" / "vlbert"
+TINY_CFG = """\
+NETWORK:
+  IMAGE_FEAT_PRECOMPUTED: true
+  IMAGE_FINAL_DIM: 32
+  VLBERT:
+    with_pooler: true
+    visual_size: 32
+    hidden_size: 32
+    num_hidden_layers: 2
+    num_attention_heads: 2
+    intermediate_size: 64
+    hidden_act: "gelu"
+    hidden_dropout_prob: 0.1
+    attention_probs_dropout_prob: 0.1
+    max_position_embeddings: 64
+    type_vocab_size: 3
+    vocab_size: 40
+    initializer_range: 0.02
+    visual_ln: true
+    visual_region_classes: 9
+"""
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, torch.Tensor]:
+    return load_file(REFERENCES / "pretraining_io.safetensors")
+
+
+@pytest.fixture(scope="module")
+def cfg_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cfg") / "tiny.yaml"
+    path.write_text(TINY_CFG)
+    return path
+
+
+def read(cfg_file: Path | None, *, drop_heads: bool = False) -> tuple:
+    raw, _ = read_released(REFERENCES / "pretraining.model")
+    notes: list[str] = []
+    config, state, model = vl.read_official(raw, config_file=cfg_file, drop_heads=drop_heads,
+                                            notes=notes)
+    return config, state, model, notes
+
+
+def batch(io: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Their inputs in our layout: the 2 caption rows then the text-only row, boxes normalised."""
+    text, aux, boxes = io["input.text"], io["input.aux_text"], io["input.boxes"]
+    B, N = boxes.shape[:2]
+    T = max(text.shape[1], aux.shape[1])
+    ids = torch.zeros(B + 1, T, dtype=torch.long)
+    ids[:B, :text.shape[1]] = text
+    ids[B, :aux.shape[1]] = aux[0]
+    wh = io["input.im_info"][:, None, :2].repeat(1, 1, 2)
+    features = torch.zeros(B + 1, N, boxes.shape[-1] - 4)
+    features[:B] = boxes[..., 4:]
+    boxes_norm = torch.zeros(B + 1, N, 4)
+    boxes_norm[:B] = boxes[..., :4] / wh
+    region_mask = torch.zeros(B + 1, N, dtype=torch.bool)
+    region_mask[:B] = boxes[..., 0] > -1.5
+    masked = torch.zeros(B + 1, N, dtype=torch.bool)
+    masked[:B] = io["input.mvrc_ops"] == 1
+    return dict(input_ids=ids, attention_mask=(ids > 0).long(), token_type_ids=None,
+                features=features, boxes=boxes_norm, region_mask=region_mask,
+                masked_regions=masked)
+
+
+def errors(ours: torch.Tensor, theirs: torch.Tensor) -> tuple[float, float]:
+    diff = (ours - theirs).abs()
+    return diff.max().item(), (diff / theirs.abs().clamp_min(1e-6)).max().item()
+
+
+def test_their_pretraining_model_equals_ours_on_every_output_and_loss(reference, cfg_file):
+    config, state, model_name, _ = read(cfg_file)
+    assert model_name == "VlBertForPreTraining"
+    model = VlBertForPreTraining(config).eval()
+    model.load_state_dict(state, strict=True)
+    inputs = batch(reference)
+    with torch.no_grad():
+        out = model(**inputs)
+    text = inputs["attention_mask"].bool()
+    regions = inputs["region_mask"]
+    B = 2  # caption rows; the third is the text-only one
+    labels = torch.full(text.shape, IGNORE_INDEX)
+    labels[:B, :6] = reference["input.mlm_labels"].masked_fill(reference["input.mlm_labels"] < 0,
+                                                              IGNORE_INDEX)
+    aux_labels = reference["input.aux_mlm_labels"][0]
+    labels[B, :7] = aux_labels.masked_fill(aux_labels < 0, IGNORE_INDEX)
+    logits = out.lang_prediction_logits
+    masked = inputs["masked_regions"][:B]
+    loss_mlm = masked_lm_loss(logits[:B], labels[:B])
+    loss_text = masked_lm_loss(logits[B:], labels[B:])
+    loss_mvrc = soft_cross_entropy(out.region_class_logits[:B], reference["input.mvrc_labels"],
+                                   masked.float())
+    pairs = {
+        "text hidden": (out.text_hidden[text], reference["output.text_hidden"][text]),
+        "region hidden": (out.visual_hidden[regions], reference["output.object_hidden"][regions]),
+        "pooled": (out.pooled, reference["output.pooled"]),
+        "MLM logits (captions)": (logits[:B][text[:B]], reference["output.mlm_logits_wvc"][text[:B]]),
+        "MLM logits (text-only)": (logits[B:][text[B:]], reference["output.mlm_logits_aux"][text[B:]]),
+        "masked RoI logits": (out.region_class_logits[:B][regions[:B]],
+                              reference["output.mvrc_logits"][regions[:B]]),
+        "loss mlm_wvc": (loss_mlm, reference["output.mlm_loss_wvc"]),
+        "loss mlm_aux": (loss_text, reference["output.mlm_loss_aux"]),
+        "loss mvrc": (loss_mvrc, reference["output.mvrc_loss"]),
+        "loss total": (loss_mlm + loss_text + loss_mvrc, reference["output.loss"]),
+    }
+    for name, (ours, theirs) in pairs.items():
+        assert ours.shape == theirs.shape, name
+        abs_err, rel_err = errors(ours, theirs)
+        print(f"{name}: max abs {abs_err:.2e}, max rel {rel_err:.2e}")
+        assert abs_err <= TOLERANCE, name
+
+
+def test_the_file_reads_off_its_shapes_without_a_config(cfg_file):
+    inferred, state, _, notes = read(None)
+    from_cfg = read(cfg_file)[0]
+    # the one thing the weights do not record is the head count (hidden / 64 assumed)
+    assert dataclasses.replace(inferred, num_heads=2) == from_cfg
+    assert any("num_heads" in n for n in notes)
+    assert (from_cfg.visual_feat_dim, from_cfg.geometry_dim, from_cfg.num_region_classes) == (64, 64, 9)
+
+
+def test_encoder_alone_with_drop_heads_and_written_back_to_their_names(cfg_file):
+    raw, _ = read_released(REFERENCES / "pretraining.model")
+    config, state, model_name, notes = read(cfg_file, drop_heads=True)
+    assert model_name == "VlBertModel"
+    assert any("dropped the heads" in n for n in notes)
+    VlBertModel(config).load_state_dict(state, strict=True)
+    # the whole pretraining model round-trips to exactly the file's tensors
+    config, state, model_name, _ = read(cfg_file)
+    written = vl.write_official(config, state, model_name)
+    assert set(written) == set(raw)
+    for name, t in written.items():
+        assert torch.equal(t, raw[name]), name
+
+
+def test_seam_reads_the_file_through_load_checkpoint(monkeypatch, cfg_file):
+    monkeypatch.setitem(formats.OFFICIAL, "vlbert", vl)
+    ckpt = formats.load_checkpoint(REFERENCES / "pretraining.model", config_file=cfg_file)
+    assert (ckpt.arch, ckpt.report.model) == ("vlbert", "VlBertForPreTraining")
+    assert ckpt.report.heads == ("mlm_head", "region_head")
+    formats.build_model(ckpt)
+
+
+def test_files_of_the_other_layouts_and_errors(cfg_file):
+    raw, _ = read_released(REFERENCES / "pretraining.model")
+    assert vl.looks_like(raw) and vl.looks_like([n.removeprefix("module.") for n in raw])
+    assert not vl.looks_like(["bert.embeddings.word_embeddings.weight", "cls.predictions.bias"])
+    # a fine-tuned file: no pretraining rows, a task head, and (end to end) the CNN
+    tuned = {n: t for n, t in raw.items() if not any(k in n for k in (
+        "mlm_head", "mvrc_head", "object_mask_word", "aux_text", "object_mask_visual"))}
+    tuned["module.final_mlp.2.weight"] = torch.zeros(5, 32)
+    tuned["module.image_feature_extractor.backbone.conv1.weight"] = torch.zeros(4, 3, 7, 7)
+    with pytest.raises(CheckpointError, match="final_mlp"):
+        vl.read_official(tuned, config_file=cfg_file, drop_heads=False, notes=[])
+    notes: list[str] = []
+    config, state, model_name = vl.read_official(tuned, config_file=cfg_file, drop_heads=True,
+                                                 notes=notes)
+    assert model_name == "VlBertModel"
+    VlBertModel(config).load_state_dict(state, strict=True)
+    assert any("Fast R-CNN" in n for n in notes) and any("object_mask_word" in n for n in notes)
+    # strict: every missing, unexpected and mis-shaped tensor named as the file names it
+    broken = dict(raw)
+    del broken["module.vlbert.end_embedding.weight"]
+    broken["module.vlbert.extra.weight"] = torch.zeros(1)
+    broken["module.vlbert.encoder.layer.0.intermediate.dense.weight"] = torch.zeros(65, 32)
+    with pytest.raises(CheckpointError) as err:
+        vl.read_official(broken, config_file=cfg_file, drop_heads=False, notes=[])
+    message = str(err.value)
+    for name in ("missing: module.vlbert.end_embedding.weight", "unexpected: module.vlbert.extra",
+                 "wrong shape: module.vlbert.encoder.layer.0.intermediate.dense.weight"):
+        assert name in message
+    with pytest.raises(CheckpointError, match="layout='official'"):
+        vl.write_official(VlBertConfig.tiny(), VlBertModel(VlBertConfig.tiny()).state_dict(),
+                          "VlBertModel")
+
+
+def test_official_layout_text_only_rows_and_padding():
+    """Text-only rows take the learned vector; padding changes no real output."""
+    config = dataclasses.replace(VlBertConfig.official(), hidden_size=32, num_layers=1,
+                                 num_heads=2, intermediate_size=64, vocab_size=50,
+                                 max_position_embeddings=32, visual_feat_dim=16, geometry_dim=16)
+    model = VlBertModel(config).eval()
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 50, (1, 4), generator=g)
+    feats, boxes = torch.rand(1, 3, 16, generator=g), torch.rand(1, 3, 4, generator=g)
+    with torch.no_grad():
+        alone = model(input_ids=ids, attention_mask=None, token_type_ids=None, features=feats,
+                      boxes=boxes, region_mask=None)
+        padded = model(input_ids=torch.cat([ids, torch.zeros(1, 2, dtype=torch.long)], 1),
+                       attention_mask=torch.tensor([[1, 1, 1, 1, 0, 0]]), token_type_ids=None,
+                       features=torch.cat([feats, torch.full((1, 1, 16), float("nan"))], 1),
+                       boxes=torch.cat([boxes, torch.zeros(1, 1, 4)], 1),
+                       region_mask=torch.tensor([[1, 1, 1, 0]]))
+        text_only = model(input_ids=ids, attention_mask=None, token_type_ids=None,
+                          features=feats[:, :0], boxes=boxes[:, :0], region_mask=None)
+        no_regions = model(input_ids=ids, attention_mask=None, token_type_ids=None,
+                           features=feats, boxes=boxes, region_mask=torch.zeros(1, 3))
+    torch.testing.assert_close(padded.text_hidden[:, :4], alone.text_hidden)
+    torch.testing.assert_close(padded.visual_hidden[:, :3], alone.visual_hidden)
+    assert alone.pooled is None
+    torch.testing.assert_close(no_regions.text_hidden, text_only.text_hidden)
+    with pytest.raises(ValueError, match="region 0"):
+        model(input_ids=ids, attention_mask=None, token_type_ids=None, features=feats,
+              boxes=boxes, region_mask=None, image_feature=feats[:, 0])
+    with pytest.raises(ValueError, match="cxcywh"):
+        dataclasses.replace(VlBertConfig.official(), geometry_box_format="xyxy")
