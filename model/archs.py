@@ -14,6 +14,7 @@ from model.visualbert import VisualBertConfig, VisualBertModel
 from model.visualbert_pretraining import VisualBertForPreTraining
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
+from model.vlbert_tasks import VlBertForQuestionAnswering, VlBertForReferringExpressions
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ ARCHS: dict[str, Arch] = {
     ),
     "vlbert": Arch(
         VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert",
-        (VlBertModel, VlBertForPreTraining),
+        (VlBertModel, VlBertForPreTraining, VlBertForQuestionAnswering,
+         VlBertForReferringExpressions),
     ),
     "vilbert": Arch(VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert", (VilBertModel,)),
 }

@@ -107,6 +107,8 @@ class VlBertConfig:
         VQA files have none: `pooled` is then None).
     num_region_classes: width of the pretraining model's masked RoI classifier (the detector's
         1600 classes and background).
+    num_answers: answers of the VQA model (model/vlbert_tasks.py; VQA v2's 3129).
+    classifier_dropout: dropout inside the VQA and RefCOCO+ heads (the authors': 0.1, 0.0).
     """
 
     vocab_size: int = 30522  # WordPiece table, including the [IMG] and [END] rows
@@ -131,6 +133,8 @@ class VlBertConfig:
     layout: str = "ours"  # "ours" or "official" (the authors' embeddings)
     pooler: bool = True
     num_region_classes: int = 1601
+    num_answers: int = 3129
+    classifier_dropout: float = 0.1
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:

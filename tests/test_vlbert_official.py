@@ -35,15 +35,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from model.checkpoints import formats
 from model.checkpoints import vlbert as vl
 from model.checkpoints.common import read_released
 from model.errors import CheckpointError
-from model.heads import IGNORE_INDEX, masked_lm_loss, soft_cross_entropy
+from model.heads import IGNORE_INDEX, masked_lm_loss, soft_cross_entropy, vqa_bce_loss
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
+from model.vlbert_tasks import VlBertForQuestionAnswering, VlBertForReferringExpressions
 
 REFERENCES = Path(__file__).parent / "references" / "vlbert"
 TINY_CFG = """\
@@ -199,11 +201,11 @@ def test_files_of_the_other_layouts_and_errors(cfg_file):
         "mlm_head", "mvrc_head", "object_mask_word", "aux_text", "object_mask_visual"))}
     tuned["module.final_mlp.2.weight"] = torch.zeros(5, 32)
     tuned["module.image_feature_extractor.backbone.conv1.weight"] = torch.zeros(4, 3, 7, 7)
+    config = read(cfg_file)[0]  # the shrunk appearance width is not in a file without the mask
     with pytest.raises(CheckpointError, match="final_mlp"):
-        vl.read_official(tuned, config_file=cfg_file, drop_heads=False, notes=[])
+        vl.read_with_config(tuned, config, drop_heads=False, notes=[])
     notes: list[str] = []
-    config, state, model_name = vl.read_official(tuned, config_file=cfg_file, drop_heads=True,
-                                                 notes=notes)
+    config, state, model_name = vl.read_with_config(tuned, config, drop_heads=True, notes=notes)
     assert model_name == "VlBertModel"
     VlBertModel(config).load_state_dict(state, strict=True)
     assert any("Fast R-CNN" in n for n in notes) and any("object_mask_word" in n for n in notes)
@@ -253,3 +255,73 @@ def test_official_layout_text_only_rows_and_padding():
               boxes=boxes, region_mask=None, image_feature=feats[:, 0])
     with pytest.raises(ValueError, match="cxcywh"):
         dataclasses.replace(VlBertConfig.official(), geometry_box_format="xyxy")
+
+
+TASK_CFG = """\
+NETWORK:
+  IMAGE_FEAT_PRECOMPUTED: true
+  IMAGE_FINAL_DIM: 16
+  VLBERT:
+    visual_size: 16
+    hidden_size: 16
+    num_hidden_layers: 2
+    num_attention_heads: 2
+    intermediate_size: 32
+    hidden_act: "gelu"
+    hidden_dropout_prob: 0.1
+    attention_probs_dropout_prob: 0.1
+    max_position_embeddings: 32
+    type_vocab_size: 3
+    vocab_size: 40
+    visual_ln: true
+"""
+
+
+@pytest.mark.parametrize("task", ["vqa", "refcoco"])
+def test_their_fine_tuned_models_equal_ours(task, tmp_path):
+    """References `vqa.model` / `refcoco.model` and `*_io.safetensors`: their `vqa.modules` and
+    `refcoco.modules` `ResNetVLBERT` (same repository and commit as above) with their
+    `{vqa,refcoco}/function/config.py` defaults, IMAGE_FEAT_PRECOMPUTED true, with_pooler false,
+    VLBERT = `TASK_CFG` (hidden 16, 2 layers, 2 heads, FFN 32, 32 positions, vocab 40), VQA:
+    CLASSIFIER_TYPE "mlm", 7 answers, CLASSIFIER_DROPOUT 0.1; RefCOCO+: CLASSIFIER_DROPOUT 0.0; the
+    same shrunk widths (appearance 64, geometry 64). Their `init_weight` (which loads BERT's MLM
+    transform or a ResNet from disk) skipped; `torch.manual_seed(0)` at construction, then every
+    parameter redrawn from `torch.Generator().manual_seed(1)` (N(0, 0.1) matrices, N(0, 0.25)
+    vectors, gains around 1). Inputs: the same 2 images (4 and 3 boxes, box 0 the whole image) as the
+    pretraining reference; words (2, 4) with padding; their text as built by their
+    `prepare_text_from_qa` (`[CLS] q [SEP] [MASK] [SEP]`, the answer segment B) or
+    `[CLS] expression [SEP]`, caught entering their `VisualLinguisticBert`; VQA soft scores (2, 7),
+    RefCOCO+ labels (2, 4). Outputs of their `train_forward` in eval mode: `label_logits` and the
+    loss (BCE x answers; BCE over the real regions)."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TASK_CFG)
+    raw, _ = read_released(REFERENCES / f"{task}.model")
+    io = load_file(REFERENCES / f"{task}_io.safetensors")
+    # widths their code hard-codes (so no file records them) and were shrunk: our config says them
+    with pytest.raises(CheckpointError, match="read_with_config"):
+        vl.read_official(raw, config_file=cfg, drop_heads=False, notes=[])
+    config = dataclasses.replace(vl.config_from_authors(cfg), visual_feat_dim=64, geometry_dim=64,
+                                 pooler=False)
+    config, state, model_name = vl.read_with_config(raw, config, drop_heads=False, notes=[])
+    classes = {"vqa": VlBertForQuestionAnswering, "refcoco": VlBertForReferringExpressions}
+    assert model_name == classes[task].__name__
+    model = classes[task](config).eval()
+    model.load_state_dict(state, strict=True)
+    boxes = io["input.boxes"]
+    wh = io["input.im_info"][:, None, :2].repeat(1, 1, 2)
+    region_mask = boxes[..., 0] > -1.5
+    with torch.no_grad():
+        logits = model(input_ids=io["input.text_ids"], attention_mask=io["input.text_mask"],
+                       token_type_ids=io["input.token_type_ids"], features=boxes[..., 4:],
+                       boxes=boxes[..., :4] / wh, region_mask=region_mask)
+    label, theirs = io["input.label"], io["output.logits"]
+    if task == "vqa":
+        loss = vqa_bce_loss(logits, label)
+    else:
+        logits, theirs = logits[region_mask], theirs[region_mask]
+        loss = F.binary_cross_entropy_with_logits(logits, label[region_mask])
+    for name, ours, ref in (("logits", logits, theirs), ("loss", loss, io["output.loss"])):
+        abs_err, rel_err = errors(ours, ref)
+        print(f"{task} {name}: max abs {abs_err:.2e}, max rel {rel_err:.2e}")
+        assert abs_err <= TOLERANCE, name
+    assert vl.write_official(config, state, model_name).keys() == raw.keys()

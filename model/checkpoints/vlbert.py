@@ -8,12 +8,15 @@ Their files are `torch.save({"state_dict": model.state_dict(), "optimizer": ...}
   pretraining's `object_mask_word_embedding`, `aux_text_visual_embedding`, and with precomputed
   features `object_mask_visual_embedding`) and its Fast R-CNN, `image_feature_extractor.*`, whose
   `obj_downsample.1` is our `embeddings.visual` (layout="official", model/vlbert.py);
-- fine-tuned files add their task head, `final_mlp.*`.
+- fine-tuned files add their task head, `final_mlp.*`; their VCR model keeps the encoder under
+  `vlbert._module.` (TimeDistributed), read as `vlbert.`.
 The Fast R-CNN's CNN (`image_feature_extractor.backbone.*`, its res5 head
-`roi_head_feature_extractor.*`, stored a second time as `head.0.*`) computes the region features from pixels: it is the detector's
-part, not the model's (model/ never holds a CNN), so the reader sets it aside with a note
-(`fast_rcnn_tensors` returns it). A pretraining file converts to `VlBertForPreTraining`, any file to
-`VlBertModel` with drop_heads; the fine-tuned heads have no class of ours yet and are refused.
+`roi_head_feature_extractor.*`, stored a second time as `head.0.*`) computes the region features
+from pixels: it is the detector's part, not the model's (model/ never holds a CNN), so the reader
+sets it aside with a note (`fast_rcnn_tensors` returns it).
+A pretraining file converts to `VlBertForPreTraining`, a VQA one to `VlBertForQuestionAnswering`, a
+RefCOCO+ one to `VlBertForReferringExpressions` (model/vlbert_tasks.py), any to `VlBertModel` with
+drop_heads; the VCR head (its words grounded to objects) has no class of ours and is refused.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ import torch
 from model.checkpoints.common import CheckpointError, check_state, shapes_of
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
+from model.vlbert_tasks import VlBertForQuestionAnswering, VlBertForReferringExpressions
+
+MODELS = {cls.__name__: cls for cls in (VlBertModel, VlBertForPreTraining,
+                                        VlBertForQuestionAnswering, VlBertForReferringExpressions)}
 
 PREFIX = "module."  # DataParallel's, on every name of their files
 FAST_RCNN = "image_feature_extractor."
@@ -66,6 +73,7 @@ _PRETRAINING_ONLY = {
 }
 _PRETRAINING_HEADS = ("vlbert.mlm_head.", "vlbert.mvrc_head.", "vlbert.relationsip_head.")
 _TASK_HEADS = ("final_mlp.",)
+TIME_DISTRIBUTED = "vlbert._module."  # their VCR model wraps VisualLinguisticBert in TimeDistributed
 _LAYER = {  # ours under layers.{i}. -> theirs under vlbert.encoder.layer.{i}.
     "attn.query": "attention.self.query",
     "attn.key": "attention.self.key",
@@ -76,11 +84,22 @@ _LAYER = {  # ours under layers.{i}. -> theirs under vlbert.encoder.layer.{i}.
     "ffn_out": "output.dense",
     "ffn_norm": "output.LayerNorm",
 }
-_HEADS = {  # VlBertForPreTraining's heads -> theirs
-    "mlm_head.transform.dense": "vlbert.mlm_head.predictions.transform.dense",
-    "mlm_head.transform.norm": "vlbert.mlm_head.predictions.transform.LayerNorm",
-    "region_head.dense": "vlbert.mvrc_head.transform.dense",
-    "region_head.classifier": "vlbert.mvrc_head.region_cls_pred",
+_HEADS = {  # each model's heads -> theirs
+    "VlBertForPreTraining": {
+        "mlm_head.transform.dense": "vlbert.mlm_head.predictions.transform.dense",
+        "mlm_head.transform.norm": "vlbert.mlm_head.predictions.transform.LayerNorm",
+        "region_head.dense": "vlbert.mvrc_head.transform.dense",
+        "region_head.classifier": "vlbert.mvrc_head.region_cls_pred",
+    },
+    "VlBertForQuestionAnswering": {  # their CLASSIFIER_TYPE "mlm": transform, Dropout, Linear
+        "head.transform.dense": "final_mlp.0.dense",
+        "head.transform.norm": "final_mlp.0.LayerNorm",
+        "head.classifier": "final_mlp.2",
+    },
+    "VlBertForReferringExpressions": {  # MVRC transform (dense, GELU), Dropout, Linear(H, 1)
+        "head.dense": "final_mlp.0.dense",
+        "head.classifier": "final_mlp.2",
+    },
 }
 
 
@@ -98,17 +117,39 @@ def authors_names(config: VlBertConfig, model: str) -> dict[str, str]:
     if model == "VlBertModel":
         return table
     table = {f"vlbert.{k}": v for k, v in table.items()}
-    for ours, theirs in _HEADS.items():
+    for ours, theirs in _HEADS[model].items():
         for p in ("weight", "bias"):
             table[f"{ours}.{p}"] = f"{theirs}.{p}"
-    table["mlm_head.bias"] = "vlbert.mlm_head.predictions.bias"
-    table["mlm_head.decoder.weight"] = "vlbert.mlm_head.predictions.decoder.weight"  # tied
+    if model == "VlBertForPreTraining":
+        table["mlm_head.bias"] = "vlbert.mlm_head.predictions.bias"
+        table["mlm_head.decoder.weight"] = "vlbert.mlm_head.predictions.decoder.weight"  # tied
     return table
+
+
+def _model_of(sd: Mapping[str, torch.Tensor]) -> str:
+    """Which of our classes holds a file's heads: pretraining's, or the task head `final_mlp`
+    of their VQA ("mlm" classifier: with a LayerNorm) or RefCOCO+ model (one score)."""
+    if any(n.startswith(_PRETRAINING_HEADS) for n in sd):
+        return "VlBertForPreTraining"
+    if "final_mlp.0.LayerNorm.weight" in sd:
+        return "VlBertForQuestionAnswering"
+    if "final_mlp.0.dense.weight" in sd and "final_mlp.2.weight" in sd:
+        if sd["final_mlp.2.weight"].shape[0] == 1:
+            return "VlBertForReferringExpressions"
+    if any(n.startswith(_TASK_HEADS) for n in sd):
+        heads = ", ".join(sorted(n for n in sd if n.startswith(_TASK_HEADS)))
+        raise CheckpointError(
+            f"a fine-tuned VL-BERT file whose task head ({heads}) has no model class here (their "
+            "VCR '1fc' / '2fc' heads read words grounded to objects, which VlBertModel does not "
+            "embed): read its encoder with drop_heads (--drop-heads)")
+    return "VlBertModel"
 
 
 def looks_like(names: Collection[str]) -> bool:
     """Whether tensor names are a VL-BERT released file's: its [END] vector is VL-BERT's alone."""
-    return any(n.removeprefix(PREFIX) == "vlbert.end_embedding.weight" for n in names)
+    return any(n.removeprefix(PREFIX) in ("vlbert.end_embedding.weight",
+                                          TIME_DISTRIBUTED + "end_embedding.weight")
+               for n in names)
 
 
 def fast_rcnn_tensors(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -119,19 +160,28 @@ def fast_rcnn_tensors(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 def _unprefixed(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {n.removeprefix(PREFIX): t for n, t in raw.items()}
+    """Their names without DataParallel's `module.` nor VCR's TimeDistributed `_module.`."""
+    return {n.removeprefix(PREFIX).replace(TIME_DISTRIBUTED, "vlbert.", 1): t
+            for n, t in raw.items()}
 
 
 def _visual_widths(sd: Mapping[str, torch.Tensor], notes: list[str]) -> tuple[int, int]:
     """(appearance D, geometry G) of the file: obj_downsample takes G + D; D is the masked
     appearance's width where the file has one, else their code's 2048."""
+    if _VISUAL + "weight" not in sd:
+        raise CheckpointError(f"no {_VISUAL}weight: a VL-BERT file without its visual embedding")
     visual_in = sd[_VISUAL + "weight"].shape[1]
     masked = sd.get("object_mask_visual_embedding.weight")
-    if masked is not None:
-        return masked.shape[1], visual_in - masked.shape[1]
-    notes.append(f"appearance width not stored: assumed {AUTHORS_FEATURE_DIM} (their code's), "
-                 f"geometry {visual_in - AUTHORS_FEATURE_DIM}")
-    return AUTHORS_FEATURE_DIM, visual_in - AUTHORS_FEATURE_DIM
+    feature_dim = masked.shape[1] if masked is not None else AUTHORS_FEATURE_DIM
+    geometry_dim = visual_in - feature_dim
+    if geometry_dim <= 0 or geometry_dim % 8:
+        raise CheckpointError(
+            f"{_VISUAL}weight takes {visual_in} inputs: not {feature_dim} appearance + a geometry "
+            "of 4 x sin/cos; a file of other widths needs our config (read_with_config)")
+    if masked is None:
+        notes.append(f"appearance width not stored: assumed {AUTHORS_FEATURE_DIM} (their "
+                     f"code's), geometry {geometry_dim}")
+    return feature_dim, geometry_dim
 
 
 def _infer_config(sd: Mapping[str, torch.Tensor], notes: list[str]) -> VlBertConfig:
@@ -159,16 +209,12 @@ def read_official(
     raw: Mapping[str, torch.Tensor], *, config_file: Path | None, drop_heads: bool,
     notes: list[str],
 ) -> tuple[VlBertConfig, dict[str, torch.Tensor], str]:
-    """A released file's tensors -> (our config, our state dict, "VlBertForPreTraining" or
-    "VlBertModel"). Raises CheckpointError naming, in the file's names, every missing,
-    unexpected and mis-shaped tensor."""
-    prefix = PREFIX if raw and all(n.startswith(PREFIX) for n in raw) else ""
+    """A released file's tensors -> (our config, our state dict, "VlBertForPreTraining",
+    "VlBertModel", or the VQA / RefCOCO+ model of their fine-tuned files). The config: their cfg
+    (`config_file`) with the visual widths and pooler off the tensors, or all inferred (notes).
+    Raises CheckpointError naming, in the file's names, every missing, unexpected and
+    mis-shaped tensor."""
     sd = _unprefixed(raw)
-    cnn = fast_rcnn_tensors(sd)
-    if cnn:
-        notes.append(f"set aside the Fast R-CNN's CNN ({len(cnn)} tensors of {FAST_RCNN}backbone / "
-                     "roi_head_feature_extractor / head): region features come from the detector")
-    sd = {n: t for n, t in sd.items() if n not in cnn}
     if config_file is not None:
         # the cfg records neither the visual widths (hard-coded in their code) nor, in their
         # fine-tuning cfgs, with_pooler (left to a default): the file's shapes do
@@ -178,28 +224,43 @@ def read_official(
             geometry_dim=geometry_dim, pooler="vlbert.pooler.dense.weight" in sd)
     else:
         config = _infer_config(sd, notes)
-    heads = any(n.startswith(_PRETRAINING_HEADS) for n in sd)
+    return read_with_config(raw, config, drop_heads=drop_heads, notes=notes)
+
+
+def read_with_config(
+    raw: Mapping[str, torch.Tensor], config: VlBertConfig, *, drop_heads: bool, notes: list[str],
+) -> tuple[VlBertConfig, dict[str, torch.Tensor], str]:
+    """read_official with our config given (its head sizes still read off the file)."""
+    prefix = PREFIX if raw and all(n.startswith(PREFIX) for n in raw) else ""
+    sd = _unprefixed(raw)
+    cnn = fast_rcnn_tensors(sd)
+    if cnn:
+        notes.append(f"set aside the Fast R-CNN's CNN ({len(cnn)} tensors of {FAST_RCNN}"
+                     "backbone / roi_head_feature_extractor / head): region features come from "
+                     "the detector")
+    sd = {n: t for n, t in sd.items() if n not in cnn}
     if drop_heads:
         dropped = [h.rstrip(".") for h in _PRETRAINING_HEADS + _TASK_HEADS
                    if any(n.startswith(h) for n in sd)]
         if dropped:
             notes.append(f"dropped the heads: {', '.join(dropped)}")
         sd = {n: t for n, t in sd.items() if not n.startswith(_PRETRAINING_HEADS + _TASK_HEADS)}
-        heads = False
-    elif any(n.startswith(_TASK_HEADS) for n in sd):
-        raise CheckpointError(
-            "a fine-tuned VL-BERT file: its task head (final_mlp.*) has no model class here yet; "
-            "read its encoder with drop_heads (--drop-heads)")
-    model = "VlBertForPreTraining" if heads else "VlBertModel"
+    model = _model_of(sd)
+    if model == "VlBertForQuestionAnswering":
+        config = dataclasses.replace(config, num_answers=sd["final_mlp.2.weight"].shape[0])
+    if model in ("VlBertForQuestionAnswering", "VlBertForReferringExpressions"):
+        notes.append(f"classifier_dropout is not stored: {config.classifier_dropout} assumed "
+                     "(their VQA cfgs 0.1, RefCOCO+ 0.0)")
     names = authors_names(config, model)
     decoder, table = "vlbert.mlm_head.predictions.decoder.weight", "vlbert.word_embeddings.weight"
-    if heads and decoder not in sd and table in sd:  # a file may keep the tied tensor once
+    if model == "VlBertForPreTraining" and decoder not in sd and table in sd:  # a file may keep the tied tensor once
         sd[decoder] = sd[table]
-    ours_shapes = shapes_of(VlBertForPreTraining if heads else VlBertModel, config)
+    ours_shapes = shapes_of(MODELS[model], config)
     for ours, why in _PRETRAINING_ONLY.items():
         theirs = _EMBEDDINGS[ours]
         if theirs not in sd:
-            sd[theirs] = torch.zeros(1, *ours_shapes[f"vlbert.{ours}" if heads else ours])
+            sd[theirs] = torch.zeros(1, *ours_shapes[ours if model == "VlBertModel"
+                                                     else f"vlbert.{ours}"])
             notes.append(f"{theirs} not in the file ({why}): set to zeros; fine-tuning does "
                          "not use it")
     expected = {theirs: _authors_shape(ours, ours_shapes[ours]) for ours, theirs in names.items()}
@@ -223,10 +284,14 @@ def write_official(
     if config.layout != "official":
         raise CheckpointError("only a layout='official' VL-BERT has the authors' structure; ours "
                               "(one visual Linear, [IMG]/[END] word rows) has no such file")
-    cls = VlBertForPreTraining if model == "VlBertForPreTraining" else VlBertModel
-    check_state(state, shapes_of(cls, config), "VL-BERT state dict")
+    check_state(state, shapes_of(MODELS[model], config), "VL-BERT state dict")
+    names = authors_names(config, model)
+    if model in ("VlBertForQuestionAnswering", "VlBertForReferringExpressions"):
+        # their fine-tuning wrapper has none of pretraining's own vectors
+        names = {k: v for k, v in names.items()
+                 if k.removeprefix("vlbert.") not in _PRETRAINING_ONLY}
     return {PREFIX + theirs: state[ours].reshape(_authors_shape(ours, tuple(state[ours].shape)))
-            for ours, theirs in authors_names(config, model).items()}
+            for ours, theirs in names.items()}
 
 
 def config_from_authors(path: Path) -> VlBertConfig:
