@@ -184,12 +184,21 @@ def test_encoder_alone_with_drop_heads_and_written_back_to_their_names(cfg_file)
         assert torch.equal(t, raw[name]), name
 
 
-def test_seam_reads_the_file_through_load_checkpoint(monkeypatch, cfg_file):
+def test_seam_converts_their_file_to_ours_and_back(monkeypatch, cfg_file, tmp_path):
+    """Through model.checkpoints' seam (formats.OFFICIAL gains "vlbert" in the integration)."""
     monkeypatch.setitem(formats.OFFICIAL, "vlbert", vl)
-    ckpt = formats.load_checkpoint(REFERENCES / "pretraining.model", config_file=cfg_file)
+    source = REFERENCES / "pretraining.model"
+    ckpt = formats.load_checkpoint(source, config_file=cfg_file)
     assert (ckpt.arch, ckpt.report.model) == ("vlbert", "VlBertForPreTraining")
     assert ckpt.report.heads == ("mlm_head", "region_head")
     formats.build_model(ckpt)
+    ours = formats.load_checkpoint(formats.save_ours(tmp_path / "ours", "vlbert", ckpt.config,
+                                                     ckpt.state_dict))
+    assert ours.config == ckpt.config and ours.report.model == "VlBertForPreTraining"
+    back = formats.save_official(tmp_path / "back.model", "vlbert", ours.config, ours.state_dict)
+    written, raw = torch.load(back, weights_only=True), read_released(source)[0]
+    assert written.keys() == raw.keys()
+    assert all(torch.equal(written[n], raw[n]) for n in raw)
 
 
 def test_files_of_the_other_layouts_and_errors(cfg_file):
