@@ -22,8 +22,9 @@ Choices the paper leaves open, and what we did:
   The paper's 4-d vector is the normalised corners (x1, y1, x2, y2), our default; the official
   code embeds (cx, cy, w, h) instead: `geometry_box_format="cxcywh"`.
 - Our visual feature embedding is ONE Linear shared by regions and non-visual elements. The
-  official code has Linear(4096 -> 2048) + ReLU inside its Fast R-CNN (with [geometry;
-  appearance] in that order) and then separate 2048 -> 768 projections for text and objects.
+  official code has ReLU(Linear([geometry; appearance] 4096 -> H)) inside its Fast R-CNN, then a
+  LayerNorm for the text and one for the objects (its `visual_1x1_*` projections exist only when
+  IMAGE_FINAL_DIM != hidden_size, which no released cfg has): layout="official" below.
 - A masked RoI (masked RoI classification) has its appearance feature replaced by the learned
   `masked_feature` while its geometry is kept, as in the official code (`mask_visual_embed`);
   the default whole-image feature averages only unmasked regions, our stand-in for the paper's
