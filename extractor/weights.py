@@ -375,7 +375,8 @@ def save_detector(
     }
     tensors = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     tmp = path.with_name(path.name + ".tmp")
-    safetensors.torch.save_file(tensors, tmp, metadata=meta)
+    # safetensors' save_file creates its files 0600; through open() they follow the umask
+    tmp.write_bytes(safetensors.torch.save(tensors, metadata=meta))
     os.replace(tmp, path)
 
 

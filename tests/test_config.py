@@ -84,3 +84,15 @@ def test_settings_that_must_agree_are_checked_together_in_any_order(order, tmp_p
     assert job.preprocess.min_size == 1200
     with pytest.raises(ConfigError, match="min_size = 1200: must be <= max_size = 1100"):
         resolve_job(None, ["preprocess.min_size=1200", "preprocess.max_size=1100"][::order])
+
+
+def test_set_with_a_space_is_the_verbs_error_not_the_top_level_usage(capsys):
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["pretrain", "--out", "r", "--set", "data.corpus", "corpus"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: pipeline pretrain ")  # was the top-level usage: pipeline VERB
+    assert err.endswith("pipeline pretrain: error: argument --set: expects KEY=VALUE in one word, "
+                        "got 'data.corpus' (e.g. --set data.corpus=VALUE)\n")

@@ -291,6 +291,7 @@ def test_what_cannot_be_analysed_is_refused_naming_the_file(pretrain_world, flic
     assert main([*base, "--run", str(tmp_path / "encoder")]) == 2
     err = capsys.readouterr().err
     assert str(tmp_path / "encoder") in err and "pretraining heads" in err
+    assert "tensors missing, e.g. " in err and "Error(s) in loading" not in err
     # A run whose checkpoint is not a pretraining model (a fine-tuning run's, say).
     run = tmp_path / "finetune"
     save_checkpoint(run, position={"step": 1, "epoch": 0, "micro": 0},

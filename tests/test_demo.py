@@ -53,3 +53,19 @@ def test_the_demo_learns_as_the_papers_ablations_say(tmp_path):
     assert vqa["pretrained"] >= 86.0, vqa
     assert vqa["language_only"] <= vqa["pretrained"] - 25.0, vqa
     assert nlvr2["pretrained"]["accuracy"] >= nlvr2["scratch"]["accuracy"] + 5.0, nlvr2
+
+
+@pytest.mark.parametrize("experiment, says", [
+    ("data-efficiency", "how much task data pretraining is worth"),
+    ("grounding", "What Does BERT with Vision Look At?"),
+    ("main", "Generate a synthetic world"),
+])
+def test_help_after_an_experiment_explains_that_experiment(capsys, experiment, says):
+    with pytest.raises(SystemExit) as done:
+        main(["demo", experiment, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert says in out
+    if experiment != "main":  # not the main demo's text
+        assert "Generate a synthetic world" not in out
+    assert "--set KEY=VALUE" in out  # the options, as for the main demo

@@ -120,7 +120,8 @@ def test_a_stopped_run_resumes_exactly(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert main(argv(broken)) == 130  # Ctrl-C: one line, how to go on
     assert capsys.readouterr().err.endswith("pipeline: interrupted; run the same command with "
-                                            "--resume to continue from the last checkpoint\n")
+                                            "--resume to continue from the last checkpoint "
+                                            "(from step 0 if none was written yet)\n")
     monkeypatch.undo()
     assert train.checkpoint_step(broken / train.CHECKPOINT) == 4
     assert main(argv(broken)) == 2
@@ -128,7 +129,9 @@ def test_a_stopped_run_resumes_exactly(tmp_path, monkeypatch, capsys):
         f"pipeline: config error: --out {broken} holds the checkpoint of an earlier run (step 4): "
         "add --resume to continue it, or choose another --out\n")
     assert main(argv(broken) + ["--resume"]) == 0
-    assert "resumed from" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "resumed from" in printed and "(2 steps, resumed at step 4)" in printed
+    assert json.loads((broken / "metrics.json").read_text())["resumed_from_step"] == 4
     whole, resumed = (json.loads((tmp_path / d / "metrics.json").read_text())["loss_log"]
                       for d in ("whole", "broken"))
     assert resumed == whole and [e["step"] for e in whole] == [1, 2, 3, 4, 5, 6]

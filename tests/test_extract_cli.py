@@ -191,6 +191,9 @@ def test_rerun_resumes_without_duplicates(photo_folder, tmp_path, capsys):
     assert _run(photo_folder, out) == 0
     assert "resumed: 2 finished shard(s) kept" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in out.glob("*.tar")} == first
+    assert _run(photo_folder, out) == 0  # all done: no empty progress bar ("extract: 0img" twice)
+    printed = capsys.readouterr()
+    assert "resumed: 3 finished shard(s) kept" in printed.out and "0img" not in printed.err
 
 
 def test_reading_the_shards_leaves_their_folder_as_extraction_wrote_it(photo_folder, tmp_path,

@@ -13,6 +13,7 @@ import pipeline.corpus.build
 import pipeline.extract.output
 import pipeline.world.generate
 from pipeline.cli import main
+from pipeline.train.logs import read_metrics
 from pipeline.train.loop import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -48,6 +49,8 @@ def test_extraction(photo_folder, tmp_path, monkeypatch, capsys):  # noqa: F811
     the_line(capsys, "run the same command again to resume: finished shards are kept")
     assert sorted(p.name for p in out.glob("*.tar")) == ["00000.tar"]
     assert not list(out.glob(".*.tmp"))  # the open shard's temporary file is gone
+    assert (out / "extract.log").read_text().splitlines()[-1].endswith(
+        "=== stopped by KeyboardInterrupt")  # no colon before an empty reason
     monkeypatch.undo()
     assert main(argv) == 0
     assert "resumed: 1 finished shard(s) kept" in capsys.readouterr().out
@@ -83,11 +86,33 @@ def test_pretraining_continues_with_resume(pretrain_world, tmp_path, monkeypatch
             "--set", "run.max_steps=4", "--set", "run.checkpoint_every=2"]
     interrupt_at(monkeypatch, Trainer, "train_step", 4)  # after the checkpoint of step 2
     assert main(argv) == 130
-    the_line(capsys, "run the same command with --resume to continue from the last checkpoint")
+    the_line(capsys, "run the same command with --resume to continue from the last checkpoint "
+                     "(from step 0 if none was written yet)")
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step_{2:08d}"]
     monkeypatch.undo()
     assert main([*argv, "--resume"]) == 0
     assert (out / "checkpoints" / f"step_{4:08d}").is_dir()
+
+
+def test_a_run_stopped_before_its_first_checkpoint_restarts_its_records(
+        pretrain_world, tmp_path, monkeypatch, capsys):
+    """--resume with no checkpoint trains from step 0, and says so; metrics.jsonl then holds each
+    step once (it held the stopped attempt's steps, then the same steps again)."""
+    out = tmp_path / "run"
+    shards = ",".join(str(s) for s in pretrain_world.shards)
+    argv = ["pretrain", "--config", str(CONFIGS / "pretrain" / "lxmert_tiny.yaml"), "--out",
+            str(out), "--workers", "0", "--set", f"data.corpus={pretrain_world.corpus}",
+            "--set", f"data.shards=[{shards}]", "--set", "data.batch_size=16",
+            "--set", "run.max_steps=3", "--set", "run.checkpoint_every=10",
+            "--set", "run.log_every=1"]
+    interrupt_at(monkeypatch, Trainer, "train_step", 3)  # after steps 1 and 2, no checkpoint
+    assert main(argv) == 130
+    capsys.readouterr()
+    assert [r["step"] for r in read_metrics(out) if "split" not in r] == [1, 2]
+    monkeypatch.undo()
+    assert main([*argv, "--resume"]) == 0
+    assert f"no checkpoint in {out} yet: training from step 0" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(out) if "split" not in r] == [1, 2, 3]
 
 
 @pytest.mark.parametrize("verb", ["extract", "pretrain", "finetune", "detector", "demo", "world",

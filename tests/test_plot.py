@@ -51,3 +51,26 @@ def test_cli_writes_the_png_into_the_run(tmp_path, capsys):
     assert main(["plot", str(tmp_path)]) == 0
     assert capsys.readouterr().out == f"{tmp_path / 'loss_curves.png'}\n"
     assert Image.open(tmp_path / "loss_curves.png").size == (1430, 495)  # 13 x 4.5 in at 110 dpi
+
+
+def test_fine_tuning_metrics_fill_the_accuracy_panel():
+    """Fine-tuning validates with the task's official metric (VQA `score`, NLVR2 `accuracy`,
+    VCR `q_a` / `qa_r`): each is drawn, none of the record's other fields."""
+    for metrics in ({"score": 0.4}, {"accuracy": 0.6}, {"q_a": 0.3, "qa_r": 0.2}):
+        rows = [{"step": 50, "epoch": 0, "lr": 1e-5, "loss": 1.0, "loss_task": 1.0},
+                {"step": 50, "split": "val", "loss": 1.1, "loss_task": 1.1, "pairs": 96,
+                 **metrics}]
+        accuracy_axes = loss_figure(rows, "run").get_axes()[1]
+        assert [t.get_text() for t in accuracy_axes.get_legend().get_texts()] == sorted(metrics)
+
+
+def test_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
+    (tmp_path / "feats").mkdir()
+    for missing in (tmp_path / "nope", tmp_path / "feats"):
+        assert main(["plot", str(missing)]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"pipeline plot: {missing / 'metrics.jsonl'}: missing (is {missing} the "
+                       "directory of a `pipeline pretrain` or `pipeline finetune` run?)\n")
+    (tmp_path / "metrics.jsonl").write_text("{not json\n")
+    assert main(["plot", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith(f"pipeline plot: {tmp_path / 'metrics.jsonl'}:1: ")

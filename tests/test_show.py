@@ -219,6 +219,17 @@ def test_unknown_key_lists_close_keys(photos, tmp_path, capsys):
     assert not (tmp_path / "x.png").exists()
 
 
+def test_a_key_one_digit_short_is_suggested_first():
+    """coco-100002 for coco-1000002: difflib ranked ten keys ending in 2 above it."""
+    from pipeline.extract.show import _key_hint
+
+    keys = [f"coco-{1_000_000 + i}" for i in range(60)] + [f"vg-{i}" for i in range(1, 60)]
+    assert _key_hint("coco-100002", keys) == (
+        "closest keys: coco-1000002, coco-1000012, coco-1000020, coco-1000021, coco-1000022 "
+        "(and 10 more); the keys: coco-1000000 .. coco-1000059 (60); vg-1 .. vg-59 (59)")
+    assert _key_hint("nlvr2-x", keys).startswith("no key is close; the keys: coco-1000000 ..")
+
+
 def test_missing_image_says_where_it_looked(photos, tmp_path, capsys):
     feats = write_shards(tmp_path / "feats", photos)
     (photos / "scene.png").unlink()

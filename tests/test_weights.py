@@ -13,6 +13,7 @@ import io
 import math
 import os
 import pickle
+import stat
 import struct
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -450,8 +451,13 @@ def test_different_anchor_convention_is_refused(tmp_path):
 def test_save_detector_round_trip_and_hashes(tmp_path):
     source = fresh_model(11)
     path = tmp_path / "detector.safetensors"
-    save_detector(source, path, TINY, {"source": "unit test"})
+    umask = os.umask(0o022)
+    try:
+        save_detector(source, path, TINY, {"source": "unit test"})
+    finally:
+        os.umask(umask)
     assert not (tmp_path / "detector.safetensors.tmp").exists()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # others (a container's user) can read it
     meta = read_safetensors_metadata(path)
     assert meta["source"] == "unit test"
     assert read_detector_config(path) == TINY

@@ -140,7 +140,8 @@ def _flat_tensors(path: Path, state: Any) -> dict[str, torch.Tensor]:
 def write_safetensors(path: Path, state: Mapping[str, torch.Tensor]) -> None:
     """Write distinct, contiguous CPU tensors; `format: pt` is the metadata transformers expects."""
     tensors = {name: t.detach().cpu().contiguous() for name, t in state.items()}
-    safetensors.torch.save_file(tensors, path, metadata={"format": "pt"})
+    # safetensors' save_file creates its files 0600; through open() they follow the umask
+    path.write_bytes(safetensors.torch.save(tensors, metadata={"format": "pt"}))
 
 
 def read_hf_weights(path: Path) -> dict[str, torch.Tensor]:

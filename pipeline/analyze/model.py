@@ -87,16 +87,14 @@ def load_analysed_model(path: Path, *, random_init: bool = False, seed: int = 0,
         whole = loaded.report.model == arch.pretraining.__name__  # LXMERT's export keeps heads
         if heads and checkpoint_dir is not None and not whole:  # the run's whole state then
             state = load_state(checkpoint_dir)["model"]
-        try:
-            module.load_state_dict(state)
-        except RuntimeError as err:
-            if not heads:
-                raise
+        missing = sorted(module.state_dict().keys() - state.keys())
+        if heads and missing:
             where = "its checkpoint" if checkpoint_dir is not None else "the file"
             raise AnalysisError(
                 f"{path}: {where} holds no {loaded.arch} model with its pretraining heads (a "
                 "fine-tuning run, or an exported encoder?): give a `pipeline pretrain` run or "
-                f"one of its checkpoints ({str(err).splitlines()[0]})") from err
+                f"one of its checkpoints ({len(missing)} tensors missing, e.g. {missing[0]})")
+        module.load_state_dict(state)
     data = values.get("data") or {}
     return AnalysedModel(module.eval(), loaded.arch,
                          int(data.get("max_text_length", DEFAULT_TEXT_LENGTH)),

@@ -32,6 +32,7 @@ def add_config_args(parser: argparse.ArgumentParser, example: str) -> None:
         metavar="KEY=VALUE",
         action="append",
         default=[],
+        type=_key_value,
         help=f"override one config value, e.g. --set {example} (repeatable; applied after "
         "--config; unknown keys are errors; --show-config lists every key)",
     )
@@ -40,6 +41,16 @@ def add_config_args(parser: argparse.ArgumentParser, example: str) -> None:
         help="print every config key with its value (after --config and --set) and its meaning, "
         "then exit without running",
     )
+
+
+def _key_value(text: str) -> str:
+    """--set's argument: KEY=VALUE in one word (`--set data.corpus corpus` is an error of the
+    verb's, not a stray argument that the top-level parser reports with its own usage)."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(
+            f"expects KEY=VALUE in one word, got {text!r} (e.g. --set {text}=VALUE)"
+        )
+    return text
 
 
 class Actions:

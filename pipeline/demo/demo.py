@@ -19,7 +19,9 @@ Every step keeps its output under --out and is skipped (or resumed) when run aga
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import sys
 from pathlib import Path
 
 from pipeline.common.arguments import add_config_args
@@ -88,6 +90,27 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding, "
                         "demo_data_efficiency)")
     add_config_args(parser, "world_seed=3")
+
+
+class _ExperimentHelp(argparse.Action):
+    """--help: the main demo's text, or after an experiment's name (parsed first, being before
+    --help) its module's docstring."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help=None):
+        super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        experiment = getattr(namespace, "experiment", None) or "main"
+        if experiment != "main":  # the options stay; the text is the experiment's own
+            run = EXPERIMENTS[experiment]()[1]
+            parser.description = inspect.getdoc(sys.modules[run.__module__])
+            parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        parser.print_help()
+        parser.exit()
+
+
+HELP_ACTION = _ExperimentHelp  # `pipeline demo EXPERIMENT --help` explains that experiment
 
 
 def config(args: argparse.Namespace):

@@ -19,8 +19,9 @@ import yaml
 from pipeline.common.arguments import Actions
 from pipeline.common.config import ConfigError, resolve, to_dict
 
-HELP = "train and evaluate the region detector"
-ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
+HELP = "train the region detector (and measure it on held-out images)"
+ON_INTERRUPT = ("run the same command with --resume to continue from the last checkpoint "
+                "(from step 0 if none was written yet)")
 DESCRIPTION = "Train the bottom-up-attention detector and measure it."
 
 
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{len(train)} training images, {len(held_out)} held out (COCO val2014), on {device}")
     (out / "train_config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
+    first = found if args.resume and found is not None else 0
     start = time.perf_counter()
     model, log = train_detector(train, cfg, device, checkpoint=out / CHECKPOINT,
                                 resume=args.resume)
@@ -91,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         eval_seconds=round(eval_seconds, 1),
         train_images=len(train),
         steps=cfg.optim.steps,
+        # train_seconds is this command's: the steps after the checkpoint it resumed from
+        resumed_from_step=first,
         torch_threads=torch.get_num_threads(),
         device=str(device),
         final_losses=log[-1] if log else {},
@@ -108,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"mAP@0.5 {metrics['map50']:.4f}, colour accuracy {metrics['color_accuracy']:.4f} "
         f"({metrics['true_positives']} true positives) on {len(held_out)} held-out images; "
-        f"training {train_seconds:.0f} s ({cfg.optim.steps} steps), evaluation {eval_seconds:.0f} s"
+        f"training {train_seconds:.0f} s ({cfg.optim.steps - first} steps"
+        f"{f', resumed at step {first}' if first else ''}), evaluation {eval_seconds:.0f} s"
     )
     for name, ap in sorted(metrics["ap50_per_class"].items()):
         print(f"  AP@0.5 {name:10s} {ap:.4f}")

@@ -233,6 +233,11 @@ def read_retrieval_predictions(path: Path) -> RetrievalPredictions:
     """An .npz score matrix: shapes agree, ids are unique integers, scores are finite."""
     if not path.is_file():
         raise EvaluationError(f"{path}: file not found (retrieval predictions, an .npz)")
+    if not zipfile.is_zipfile(path):  # numpy would take it for a pickle and advise allow_pickle
+        raise EvaluationError(
+            f"{path}: not an .npz (a zip of .npy arrays: scores, sentids, imgids), as "
+            "`pipeline predict flickr30k` writes"
+        )
     try:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}

@@ -68,7 +68,7 @@ def field(entry: Any, key: str, kind: type | tuple[type, ...], path: Path, where
     if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _types(kind)):
         names = "/".join(t.__name__ for t in _types(kind))
         raise EvaluationError(
-            f"{path}: {where}: {key!r} must be {names}, got {type(value).__name__} {value!r}"
+            f"{path}: {where}: {key!r} must be {names}, got {type(value).__name__} {excerpt(value)}"
         )
     return value
 
@@ -102,16 +102,23 @@ def check_coverage(
 def unique_id(value: Any, seen: set, path: Path, where: str, key: str) -> Any:
     """`value`, added to `seen`; an error if an earlier entry of the annotations had it."""
     if value in seen:
-        raise EvaluationError(f"{path}: {where}: {key} {value!r} appears twice")
+        raise EvaluationError(f"{path}: {where}: {key} {excerpt(value)} appears twice")
     seen.add(value)
     return value
 
 
 def duplicate_error(path: Path, key: str, value: Any) -> EvaluationError:
-    return EvaluationError(f"{path}: two predictions for {key} {value!r}")
+    return EvaluationError(f"{path}: two predictions for {key} {excerpt(value)}")
+
+
+def excerpt(value: Any, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters with the full length said: a wrong file can put a
+    whole file's text (megabytes) where one value was expected."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _examples(ids: Iterable, limit: int = 5) -> str:
     ids = list(ids)
-    shown = ", ".join(repr(i) for i in ids[:limit])
+    shown = ", ".join(excerpt(i) for i in ids[:limit])
     return shown + (f" (and {len(ids) - limit} more)" if len(ids) > limit else "")

@@ -22,6 +22,7 @@ from pathlib import Path
 from pipeline.evaluate.inputs import (
     EvaluationError,
     check_coverage,
+    excerpt,
     duplicate_error,
     field,
     read_json_lines,
@@ -84,7 +85,7 @@ def read_labels(path: Path) -> dict[str, str]:
             )
         label = field(row, "label", str, path, where)
         if label.lower() not in LABELS:
-            raise EvaluationError(f"{path}: {where}: label must be True or False, got {label!r}")
+            raise EvaluationError(f"{path}: {where}: label must be True or False, got {excerpt(label)}")
         if identifier in out:
             raise EvaluationError(f"{path}: identifier {identifier} appears twice")
         out[identifier] = label
@@ -102,7 +103,7 @@ def read_predictions(path: Path) -> dict[str, str]:
         fields = [f.strip() for f in line.strip().split(",")]
         if len(fields) < 2 or fields[1].lower() not in LABELS:
             raise EvaluationError(
-                f"{path}: line {number} is not `identifier,True` or `identifier,False`: {line!r}"
+                f"{path}: line {number} is not `identifier,True` or `identifier,False`: {excerpt(line)}"
             )
         if fields[0] in out:
             raise duplicate_error(path, "identifier", fields[0])

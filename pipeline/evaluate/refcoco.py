@@ -45,6 +45,7 @@ from typing import Any
 from pipeline.evaluate.inputs import (
     EvaluationError,
     check_coverage,
+    excerpt,
     duplicate_error,
     field,
     read_json,
@@ -167,7 +168,7 @@ def _annotation_boxes(instances: Path) -> dict[int, Box]:
         bbox = field(ann, "bbox", list, instances, where)
         if len(bbox) != 4 or not all(_is_finite_number(v) for v in bbox) or min(bbox[2:]) < 0:
             raise EvaluationError(
-                f"{instances}: {where}: 'bbox' must be [x, y, w, h] with w, h >= 0, got {bbox!r}"
+                f"{instances}: {where}: 'bbox' must be [x, y, w, h] with w, h >= 0, got {excerpt(bbox)}"
             )
         x, y, w, h = (float(v) for v in bbox)
         out[ann_id] = (x, y, x + w, y + h)
@@ -246,7 +247,7 @@ def read_refcoco_predictions(path: Path) -> dict[int, Box]:
         box = field(entry, "box", list, path, where)
         if len(box) != 4 or not all(_is_finite_number(v) for v in box):
             raise EvaluationError(
-                f"{path}: {where}: 'box' must be [x1, y1, x2, y2] (finite numbers), got {box!r}"
+                f"{path}: {where}: 'box' must be [x1, y1, x2, y2] (finite numbers), got {excerpt(box)}"
             )
         if sent_id in out:
             raise duplicate_error(path, "sent_id", sent_id)

@@ -50,6 +50,7 @@ import numpy as np
 from pipeline.evaluate.inputs import (
     EvaluationError,
     check_coverage,
+    excerpt,
     duplicate_error,
     field,
     read_json,
@@ -160,7 +161,7 @@ def score_vcr(predictions: Mapping[str, VCRPrediction],
 def _tokens(value: object, objects: int, path: Path, where: str) -> tuple[Token, ...]:
     """A tokenised sentence: words and detection tags (lists of object indices)."""
     if not isinstance(value, list):
-        raise EvaluationError(f"{path}: {where} must be a list of tokens, got {value!r}")
+        raise EvaluationError(f"{path}: {where} must be a list of tokens, got {excerpt(value)}")
     out: list[Token] = []
     for k, token in enumerate(value):
         if isinstance(token, str):
@@ -171,7 +172,7 @@ def _tokens(value: object, objects: int, path: Path, where: str) -> tuple[Token,
         ):
             raise EvaluationError(
                 f"{path}: {where}, token {k}: a token is a word or a non-empty list of object "
-                f"indices, got {token!r}"
+                f"indices, got {excerpt(token)}"
             )
         bad = [t for t in token if not 0 <= t < objects]
         if bad:
@@ -253,10 +254,10 @@ def read_vcr_metadata(path: Path) -> VCRMetadata:
         if (not isinstance(box, list) or len(box) != 5
                 or not all(_is_number(v) and math.isfinite(v) for v in box)):
             raise EvaluationError(
-                f"{path}: box {k} must be [x1, y1, x2, y2, score] (finite numbers), got {box!r}"
+                f"{path}: box {k} must be [x1, y1, x2, y2, score] (finite numbers), got {excerpt(box)}"
             )
         if not (box[0] <= box[2] and box[1] <= box[3]):
-            raise EvaluationError(f"{path}: box {k} has x2 < x1 or y2 < y1: {box!r}")
+            raise EvaluationError(f"{path}: box {k} has x2 < x1 or y2 < y1: {excerpt(box)}")
         rows[k] = box
     return VCRMetadata(boxes_xyxy=rows[:, :4].copy(), scores=rows[:, 4].copy(),
                        names=tuple(names), width=width, height=height)
@@ -323,7 +324,7 @@ def read_vcr_predictions(path: Path) -> dict[str, VCRPrediction]:
             if not math.isfinite(value):
                 raise EvaluationError(
                     f"{path}: line {number} ({annot_id}): {name} must be a finite number, "
-                    f"got {raw!r}"
+                    f"got {excerpt(raw)}"
                 )
             return value
 

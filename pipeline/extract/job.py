@@ -114,7 +114,7 @@ def extract_refs(
             )
             bar = progress_bar(
                 total=sum(u.stop - u.start for u in units), unit="img", desc="extract",
-                disable=not show_progress,
+                disable=not show_progress or not units,  # all done before: no empty bar
             )
             progress = ExtractProgress(bar, len(units))
             sink = ShardSink(out_dir, job, detector, tally, log, progress)
@@ -131,7 +131,7 @@ def extract_refs(
                 log.write(format_summary(tally, out_dir))
             except BaseException as err:
                 sink.abort()
-                log.write(f"=== stopped by {type(err).__name__}: {err}")
+                log.write(f"=== stopped by {type(err).__name__}" + (f": {err}" if str(err) else ""))
                 raise
             finally:
                 progress.close()

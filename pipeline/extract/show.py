@@ -189,12 +189,34 @@ def load_sample(shards_dir: Path, key: str) -> Sample:
         raise ShowError(f"{shards_dir}: {err}") from err
     if not keys:
         raise ShowError(f"{shards_dir} holds no samples (no *.tar shards, or only empty ones)")
-    close = difflib.get_close_matches(key, keys, n=5)
-    hint = "closest keys: " if close else "no key is close; keys look like: "
     raise ShowError(
         f"no sample with key {key!r} among the {len(keys)} samples in {shards_dir}; "
-        f"{hint}{', '.join(close or keys[:5])}"
+        f"{_key_hint(key, keys)}"
     )
+
+
+def _key_hint(key: str, keys: list[str]) -> str:
+    """The keys one typo away (a character dropped, added or changed: ids are long runs of
+    digits, where difflib's similarity ranks a dozen near-equal keys arbitrarily), else difflib's
+    closest; and each dataset's first and last key."""
+    close = sorted(k for k in keys if _one_edit_apart(key, k))
+    close = close or difflib.get_close_matches(key, keys, n=5)
+    shown = ", ".join(close[:5]) + (f" (and {len(close) - 5} more)" if len(close) > 5 else "")
+    ranges: dict[str, list[str]] = {}
+    for k in sorted(keys, key=lambda k: (len(k), k)):  # numeric ids in their order
+        ranges.setdefault(k.split("-", 1)[0], []).append(k)
+    spans = "; ".join(f"{v[0]} .. {v[-1]} ({len(v)})" for _, v in sorted(ranges.items()))
+    return (f"closest keys: {shown}" if close else "no key is close") + f"; the keys: {spans}"
+
+
+def _one_edit_apart(a: str, b: str) -> bool:
+    """Whether b is a with one character dropped, added or changed."""
+    if abs(len(a) - len(b)) > 1 or a == b:
+        return False
+    if len(a) > len(b):
+        a, b = b, a
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+    return a[i + (len(a) == len(b)):] == b[i + 1:]
 
 
 def sample_image(sample: Sample, shards_dir: Path, root: str | None) -> tuple[bytes, str]:

@@ -17,7 +17,8 @@ from pipeline.train.arguments import (
 )
 
 HELP = "fine-tune on VQA, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K from a checkpoint (or scratch)"
-ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
+ON_INTERRUPT = ("run the same command with --resume to continue from the last checkpoint "
+                "(from step 0 if none was written yet)")
 DESCRIPTION = """\
 Fine-tune on VQA v2, GQA, NLVR2, VCR, RefCOCO+ or Flickr30K retrieval from the released files
 (data.root: see the README's folder layouts), starting from a checkpoint (--from:

@@ -15,7 +15,8 @@ from pipeline.train.arguments import (
 )
 
 HELP = "pretrain LXMERT / VisualBERT / VL-BERT / ViLBERT on shards + corpus"
-ON_INTERRUPT = "run the same command with --resume to continue from the last checkpoint"
+ON_INTERRUPT = ("run the same command with --resume to continue from the last checkpoint "
+                "(from step 0 if none was written yet)")
 DESCRIPTION = """\
 Pretrain a cross-modal transformer on feature shards joined with a corpus
 (`pipeline corpus build`). The config names the architecture (lxmert, visualbert, vlbert,
@@ -39,7 +40,7 @@ output.keep_images=true); each checkpoint then holds detector.safetensors for `p
 Examples:
   pipeline pretrain --config configs/pretrain/lxmert_tiny.yaml --out runs/lxmert \\
       --set data.corpus=corpus --set data.shards=[feats/coco,feats/vg]
-  pipeline pretrain --config configs/pretrain/lxmert_tiny.yaml --out runs/lxmert --resume
+  pipeline pretrain --out runs/lxmert --resume      (the run's own config.yaml)
   pipeline pretrain --config configs/pretrain/lxmert.yaml --workers 8 --set run.device=cuda ...
   pipeline pretrain --config configs/pretrain/lxmert.yaml --show-config   every key and meaning
 """

@@ -117,6 +117,7 @@ def _join(
     shard_paths: Sequence[str | os.PathLike],
     pairs_by_image: PairTable,
     corpus_dir: str | os.PathLike | None,
+    splits: Sequence[str] = (),
 ) -> tuple[list[_Shard], JoinReport]:
     """Scan the shards' headers (sorted by path), match their keys with the corpus."""
     paths = sort_paths(as_path(p) for p in shard_paths)
@@ -152,6 +153,8 @@ def _join(
     if report.joined_pairs == 0:
         shard_dirs = sorted({str(p.parent) for p in paths})
         corpus_name = str(corpus_dir) if corpus_dir is not None else "the pairs given"
+        if splits:
+            corpus_name += f" ({'split' if len(splits) == 1 else 'splits'} {', '.join(splits)})"
         raise JoinError(
             f"nothing joins: none of the {len(corpus)} corpus images of {corpus_name} has a sample "
             f"among the {len(where)} in the shards of {', '.join(shard_dirs)}. Corpus keys e.g. "
@@ -282,6 +285,7 @@ class PretrainStream:
         shuffle_buffer: int = 5000,
         max_boxes: int | None = None,
         corpus_dir: str | os.PathLike | None = None,
+        splits: Sequence[str] = (),
     ):
         _check_positive(batch_size=batch_size, shuffle_buffer=shuffle_buffer)
         _check_rank(rank, world_size)
@@ -296,7 +300,7 @@ class PretrainStream:
         self.pairs_by_image = pairs_by_image
         self.batch_size, self.rank, self.world_size = batch_size, rank, world_size
         self.seed, self.shuffle_buffer, self.max_boxes = seed, shuffle_buffer, max_boxes
-        self._shards, self.report = _join(shard_paths, pairs_by_image, corpus_dir)
+        self._shards, self.report = _join(shard_paths, pairs_by_image, corpus_dir, splits)
         self._steps: dict[int, int] = {}
 
     @classmethod
@@ -413,11 +417,12 @@ class ValidationStream:
         world_size: int = 1,
         max_boxes: int | None = None,
         corpus_dir: str | os.PathLike | None = None,
+        splits: Sequence[str] = (),
     ):
         _check_positive(batch_size=batch_size)
         _check_rank(rank, world_size)
         self.pairs_by_image, self.batch_size, self.max_boxes = pairs_by_image, batch_size, max_boxes
-        self._shards, self.report = _join(shard_paths, pairs_by_image, corpus_dir)
+        self._shards, self.report = _join(shard_paths, pairs_by_image, corpus_dir, splits)
         total = self.report.joined_pairs
         self.start, self.end = rank * total // world_size, (rank + 1) * total // world_size
         self.steps = -(-(self.end - self.start) // batch_size)

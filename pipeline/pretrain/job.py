@@ -81,6 +81,7 @@ def train_stream(config: PretrainConfig, rank: int, world: int) -> PretrainStrea
         shuffle_buffer=data.shuffle_buffer,
         max_boxes=data.max_boxes,
         corpus_dir=data.corpus,
+        splits=data.train_splits,
     )
 
 
@@ -126,6 +127,7 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
         world_size=world,
         max_boxes=data.max_boxes,
         corpus_dir=corpus,
+        splits=(data.val_split,),
     )
     if rank == 0:
         print(f"train: {train.report.summary()}")

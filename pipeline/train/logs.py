@@ -22,7 +22,10 @@ def read_metrics(run_dir: str | Path) -> list[dict]:
     """Every record of a run's metrics.jsonl (a local directory or a URL), in order."""
     path = as_path(run_dir) / METRICS
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing (is {run_dir} a pretraining run directory?)")
+        raise FileNotFoundError(
+            f"{path}: missing (is {run_dir} the directory of a `pipeline pretrain` or `pipeline "
+            "finetune` run?)"
+        )
     records = []
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if line.strip():

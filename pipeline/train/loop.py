@@ -159,6 +159,9 @@ class Trainer:
         """Load the run directory's latest checkpoint, if any; True when one was loaded."""
         checkpoint = latest_checkpoint(self.run_dir)
         if checkpoint is None:
+            if self.rank == 0:  # stopped before its first checkpoint: its records start afresh
+                truncate_metrics(self.run_dir, -1)
+                print(f"no checkpoint in {self.run_dir} yet: training from step 0")
             return False
         state = load_state(checkpoint)
         self.module.load_state_dict(state["model"])

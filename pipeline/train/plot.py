@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    print(plot_run(args.run, args.out))
+    try:
+        print(plot_run(args.run, args.out))
+    except (FileNotFoundError, ValueError) as err:
+        print(f"pipeline plot: {err}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -40,6 +45,9 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return target
 
 
+_NOT_ACCURACIES = {"step", "epoch", "split", "pairs"}
+
+
 def loss_figure(records: list[dict], title: str) -> Figure:
     """Left: the total and per-task training losses (lines) and validation losses (dots) by step.
     Right: validation accuracies by step. Each legend stands right of its axes, outside them: a
@@ -51,7 +59,10 @@ def loss_figure(records: list[dict], title: str) -> Figure:
     train = [r for r in records if r.get("split", "train") == "train"]
     val = [r for r in records if r.get("split") == "val"]
     losses = sorted({k for r in records for k in r if k == "loss" or k.startswith("loss_")})
-    accuracies = sorted({k for r in val for k in r if k.endswith("_acc")})
+    # every validation figure that is not a loss: pretraining's <task>_acc, fine-tuning's official
+    # metric (VQA's score, NLVR2's accuracy, VCR's q_a / qa_r, ...)
+    accuracies = sorted({k for r in val for k in r
+                         if k not in _NOT_ACCURACIES and k not in losses})
     # Constrained layout makes room for the legends beside the axes.
     fig = Figure(figsize=(13, 4.5), layout="constrained")
     ax_loss, ax_acc = fig.subplots(1, 2)
