@@ -31,6 +31,8 @@ References (tests/references/vlbert/), made by the authors' code and nothing of 
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -334,3 +336,38 @@ def test_their_fine_tuned_models_equal_ours(task, tmp_path):
         print(f"{task} {name}: max abs {abs_err:.2e}, max rel {rel_err:.2e}")
         assert abs_err <= TOLERANCE, name
     assert vl.write_official(config, state, model_name).keys() == raw.keys()
+
+
+RELEASED = {  # their cfg -> (our class, hidden, layers, drop_heads)
+    "pretrain/base_prec_4x16G_fp32": ("VlBertForPreTraining", 768, 12, False),
+    "pretrain/base_e2e_16x16G_fp16": ("VlBertForPreTraining", 768, 12, False),
+    "pretrain/large_e2e_16x16G_fp16": ("VlBertForPreTraining", 1024, 24, False),
+    "vqa/base_4x16G_fp32": ("VlBertForQuestionAnswering", 768, 12, False),
+    "refcoco/base_detected_regions_4x16G": ("VlBertForReferringExpressions", 768, 12, False),
+    "vcr/base_q2a_4x16G_fp32": ("VlBertModel", 768, 12, True),
+}
+
+
+@pytest.mark.parametrize("name", RELEASED)
+def test_the_released_layouts_load_strictly_off_their_shapes(name):
+    """Reference `released_shapes.json.gz`: the tensor names and shapes of the models behind the
+    released files, as their code builds them (same repository and commit as above; the module
+    each cfg names, `cfgs/<name>.yaml` read by their `update_config`, built on the meta device with
+    their pretrained-weight loading switched off; nothing shrunk). Each is read as its file would
+    be (`module.` names) with no cfg: the shapes give the config, strictly."""
+    with gzip.open(REFERENCES / "released_shapes.json.gz", "rt") as f:
+        shapes = json.load(f)[name]
+    model_name, hidden, layers, drop_heads = RELEASED[name]
+    raw = {f"module.{n}": torch.empty(s, device="meta") for n, s in shapes.items()}
+    notes: list[str] = []
+    config, state, found = vl.read_official(raw, config_file=None, drop_heads=drop_heads,
+                                            notes=notes)
+    assert found == model_name
+    assert (config.hidden_size, config.num_layers, config.num_heads) == (hidden, layers, hidden // 64)
+    assert (config.visual_feat_dim, config.geometry_dim) == (2048, 2048)
+    assert state.keys() == vl.shapes_of(vl.MODELS[found], config).keys()
+    if "e2e" in name or name.startswith(("refcoco", "vcr")):
+        assert any("Fast R-CNN" in n for n in notes)
+    if drop_heads:
+        with pytest.raises(CheckpointError, match="cnn_loss_reg.*final_mlp"):
+            vl.read_official(raw, config_file=None, drop_heads=False, notes=[])

@@ -72,7 +72,7 @@ _PRETRAINING_ONLY = {
     "embeddings.masked_feature": "the masked RoI's appearance (theirs masks pixels end to end)",
 }
 _PRETRAINING_HEADS = ("vlbert.mlm_head.", "vlbert.mvrc_head.", "vlbert.relationsip_head.")
-_TASK_HEADS = ("final_mlp.",)
+_TASK_HEADS = ("final_mlp.", "cnn_loss_reg.")  # VCR's CNN regulariser is a training head too
 TIME_DISTRIBUTED = "vlbert._module."  # their VCR model wraps VisualLinguisticBert in TimeDistributed
 _LAYER = {  # ours under layers.{i}. -> theirs under vlbert.encoder.layer.{i}.
     "attn.query": "attention.self.query",
