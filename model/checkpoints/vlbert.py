@@ -104,8 +104,8 @@ _HEADS = {  # each model's heads -> theirs
 
 
 def authors_names(config: VlBertConfig, model: str) -> dict[str, str]:
-    """Our state_dict name -> theirs (without `module.`), for every tensor of `model`
-    ("VlBertForPreTraining" or "VlBertModel")."""
+    """Our state_dict name -> theirs (without `module.`), for every tensor of `model` (a name
+    of MODELS)."""
     table = dict(_EMBEDDINGS)
     for i in range(config.num_layers):
         for ours, theirs in _LAYER.items():
@@ -253,16 +253,16 @@ def read_with_config(
                      "(their VQA cfgs 0.1, RefCOCO+ 0.0)")
     names = authors_names(config, model)
     decoder, table = "vlbert.mlm_head.predictions.decoder.weight", "vlbert.word_embeddings.weight"
-    if model == "VlBertForPreTraining" and decoder not in sd and table in sd:  # a file may keep the tied tensor once
-        sd[decoder] = sd[table]
+    if model == "VlBertForPreTraining" and decoder not in sd and table in sd:
+        sd[decoder] = sd[table]  # a file may keep the tied tensor once
     ours_shapes = shapes_of(MODELS[model], config)
     for ours, why in _PRETRAINING_ONLY.items():
         theirs = _EMBEDDINGS[ours]
         if theirs not in sd:
             sd[theirs] = torch.zeros(1, *ours_shapes[ours if model == "VlBertModel"
                                                      else f"vlbert.{ours}"])
-            notes.append(f"{theirs} not in the file ({why}): set to zeros; fine-tuning does "
-                         "not use it")
+            notes.append(f"{theirs} not in the file ({why}): set to zeros; only pretraining "
+                         "reads it")
     expected = {theirs: _authors_shape(ours, ours_shapes[ours]) for ours, theirs in names.items()}
     # checked in the file's own names, so that an error names a tensor as the file does
     check_state({prefix + n: t for n, t in sd.items()},
