@@ -371,3 +371,49 @@ def test_the_released_layouts_load_strictly_off_their_shapes(name):
     if drop_heads:
         with pytest.raises(CheckpointError, match="cnn_loss_reg.*final_mlp"):
             vl.read_official(raw, config_file=None, drop_heads=False, notes=[])
+
+
+def test_their_fast_rcnn_maps_onto_our_detector():
+    """Their end-to-end file's CNN (the base e2e names and shapes of `released_shapes.json.gz`)
+    is exactly a BUTDDetector's trunk and res5 (extractor/detector.py, default config)."""
+    from extractor.config import DetectorConfig
+    from extractor.detector import BUTDDetector
+
+    with gzip.open(REFERENCES / "released_shapes.json.gz", "rt") as f:
+        shapes = json.load(f)["pretrain/base_e2e_16x16G_fp16"]
+    raw = {f"module.{n}": torch.empty(s, device="meta") for n, s in shapes.items()}
+    with torch.device("meta"):
+        detector = BUTDDetector(DetectorConfig())
+    ours = {n: tuple(t.shape) for n, t in detector.state_dict().items()
+            if n.startswith(("backbone.", "roi_heads.res5."))}
+    mapped = {n: tuple(t.shape) for n, t in vl.fast_rcnn_as_detector(raw).items()}
+    assert mapped == ours
+
+
+def test_their_fast_rcnn_head_equals_our_res5_on_the_same_rois():
+    """Reference `res5_head.safetensors`, from their `common/fast_rcnn.py` head (same repository
+    and commit): `ResNet._make_layer(Bottleneck, planes=8, blocks=3, stride=1, dilation=2,
+    stride_in_1x1=True)` on 16 input channels (their IMAGE_C5_DILATED res5 at 1/64 of its width:
+    planes 512 -> 8), `torch.manual_seed(0)` convolutions, BatchNorm statistics and affines from
+    `torch.Generator().manual_seed(1)` (eval mode); their ROIAlign((14, 14), 1 / 16) (sampling
+    ratio 1) with torchvision's roi_align (aligned=False) standing in for the compiled op, then
+    AvgPool2d(14) and Flattener. Inputs: a res4 map (1, 16, 8, 10) in [0, 1), 3 RoIs (batch index,
+    x1 y1 x2 y2 in input pixels); output: features (3, 32). The weights are stored in the file's
+    names (`module.image_feature_extractor.roi_head_feature_extractor.*`)."""
+    from extractor.backbone import build_res5_head
+    from extractor.front_end import ROI_ALIGN_ALIGNED, ROI_ALIGN_SAMPLING_RATIO
+    from torchvision.ops import roi_align
+
+    ref = load_file(REFERENCES / "res5_head.safetensors")
+    res5 = build_res5_head(101, 1, 2).eval()
+    mapped = vl.fast_rcnn_as_detector({n: t for n, t in ref.items() if n.startswith("module.")})
+    res5.load_state_dict({n.removeprefix("roi_heads.res5."): t for n, t in mapped.items()},
+                         strict=True)
+    rois = ref["input.rois"]
+    pooled = roi_align(ref["input.res4"], [rois[:, 1:]], (14, 14), 1 / 16,
+                       ROI_ALIGN_SAMPLING_RATIO, ROI_ALIGN_ALIGNED)
+    with torch.no_grad():
+        features = res5(pooled).mean(dim=(2, 3))
+    abs_err, rel_err = errors(features, ref["output.features"])
+    print(f"res5 region features: max abs {abs_err:.2e}, max rel {rel_err:.2e}")
+    assert abs_err <= TOLERANCE

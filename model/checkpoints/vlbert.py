@@ -159,6 +159,36 @@ def fast_rcnn_tensors(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor
             if n.startswith(FAST_RCNN) and not n.startswith(FAST_RCNN + "obj_downsample.")}
 
 
+_DETECTOR_RULES = (  # their ResNet names -> BUTDDetector's (extractor/detector.py, a public API)
+    (r"^backbone\.conv1\.", "backbone.stem.conv1."),
+    (r"^backbone\.bn1\.", "backbone.stem.conv1.norm."),
+    (r"^backbone\.layer(\d)\.", lambda m: f"backbone.res{int(m.group(1)) + 1}."),
+    (r"^roi_head_feature_extractor\.", "roi_heads.res5."),
+    (r"\.downsample\.0\.", ".shortcut."),
+    (r"\.downsample\.1\.", ".shortcut.norm."),
+    (r"\.bn(\d)\.", r".conv\1.norm."),
+)
+
+
+def fast_rcnn_as_detector(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The file's CNN in our detector's names: `backbone.*` (stem..res4) and `roi_heads.res5.*` of
+    a BUTDDetector (depth 101, res5 dilated 2, stride in the 1x1: their e2e cfgs), for the
+    end-to-end front end (extractor/front_end.py); the file has no RPN nor predictors. Their
+    duplicate `head.0.*` and BatchNorm's `num_batches_tracked` are left out. One difference
+    remains outside the weights: their stem max-pools as torchvision (padding 1), ours as Caffe
+    (padding 0, ceil_mode), so the trunk's features differ from theirs; res5 on pooled RoIs
+    equals theirs (RoIAlign 14 x 14 at 1/16, sampling ratio 1, aligned False; mean = AvgPool 14)."""
+    out = {}
+    for name, t in fast_rcnn_tensors(raw).items():
+        name = name.removeprefix(FAST_RCNN)
+        if name.startswith("head.0.") or name.endswith(".num_batches_tracked"):
+            continue
+        for pattern, repl in _DETECTOR_RULES:
+            name = re.sub(pattern, repl, name)
+        out[name] = t
+    return out
+
+
 def _unprefixed(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Their names without DataParallel's `module.` nor VCR's TimeDistributed `_module.`."""
     return {n.removeprefix(PREFIX).replace(TIME_DISTRIBUTED, "vlbert.", 1): t
