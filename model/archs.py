@@ -14,7 +14,11 @@ from model.visualbert import VisualBertConfig, VisualBertModel
 from model.visualbert_pretraining import VisualBertForPreTraining
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
-from model.vlbert_tasks import VlBertForQuestionAnswering, VlBertForReferringExpressions
+from model.vlbert_tasks import (
+    VlBertForMultipleChoice,
+    VlBertForQuestionAnswering,
+    VlBertForReferringExpressions,
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,7 @@ ARCHS: dict[str, Arch] = {
     "vlbert": Arch(
         VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert",
         (VlBertModel, VlBertForPreTraining, VlBertForQuestionAnswering,
-         VlBertForReferringExpressions),
+         VlBertForReferringExpressions, VlBertForMultipleChoice),
     ),
     "vilbert": Arch(VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert", (VilBertModel,)),
 }

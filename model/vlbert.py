@@ -106,8 +106,8 @@ class VlBertConfig:
         files; geometry_box_format "cxcywh", the visual embedding H wide).
     pooler: whether the model has the dense + tanh pooler over [CLS] (the authors' pretraining and
         VQA files have none: `pooled` is then None).
-    num_region_classes: width of the pretraining model's masked RoI classifier (the detector's
-        1600 classes and background).
+    num_region_classes: width of the region classifier: pretraining's masked RoI classification
+        (the detector's 1600 classes and background), VCR's object classes (81, COCO's).
     num_answers: answers of the VQA model (model/vlbert_tasks.py; VQA v2's 3129).
     classifier_dropout: dropout inside the VQA and RefCOCO+ heads (the authors': 0.1, 0.0).
     """
@@ -356,9 +356,11 @@ class VlBertOfficialEmbeddings(nn.Module):
         self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
         text_mask: torch.Tensor | None, features: torch.Tensor, boxes: torch.Tensor,
         region_mask: torch.Tensor | None, image_feature: torch.Tensor | None,
-        masked_regions: torch.Tensor | None,
+        masked_regions: torch.Tensor | None, text_regions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """As VlBertEmbeddings.forward; image_feature must be None (region 0 is the image)."""
+        """As VlBertEmbeddings.forward; image_feature must be None (region 0 is the image).
+        text_regions (B, T) long: the region whose visual embedding each word takes (their VCR
+        grounds words to objects); None: region 0 for all."""
         c = self.cfg
         if image_feature is not None:
             raise ValueError(
@@ -378,8 +380,15 @@ class VlBertOfficialEmbeddings(nn.Module):
                                           c.geometry_wavelength, c.geometry_scale)
         both = torch.cat([geometry.to(features.dtype), features], -1)  # geometry first, as theirs
         visual = F.relu(self.visual(both.to(self.visual.weight.dtype)))  # (B, N, H)
-        # the text sees region 0, the whole image; a row without regions, the text-only vector
-        text_visual = visual[:, :1] if N else self.text_only_visual.expand(B, 1, -1)
+        # the text sees region 0, the whole image (or its word's region); a row without regions,
+        # the text-only vector
+        if not N:
+            text_visual = self.text_only_visual.expand(B, 1, -1)
+        elif text_regions is None:
+            text_visual = visual[:, :1]
+        else:
+            index = text_regions.clamp(0, N - 1)[..., None].expand(-1, -1, visual.shape[-1])
+            text_visual = visual.gather(1, index)  # (B, T, H)
         if N and region_mask is not None:
             text_visual = torch.where(region_mask[:, :1, None], text_visual, self.text_only_visual)
         text = self.token(input_ids) + self.visual_text_norm(text_visual)  # (B, T, H)
@@ -444,6 +453,7 @@ class VlBertModel(nn.Module):
         region_mask: torch.Tensor | None,
         image_feature: torch.Tensor | None = None,
         masked_regions: torch.Tensor | None = None,
+        text_regions: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VlBertOutput:
         """Encode text and regions in one stack.
@@ -454,7 +464,9 @@ class VlBertModel(nn.Module):
         token / region is padding (both None: attention runs unmasked);
         image_feature (B, D): the whole-image appearance for the non-visual elements (default:
         mean of the real, unmasked regions); masked_regions (B, N) bool: regions whose appearance
-        is replaced by the learned masked feature (masked RoI classification).
+        is replaced by the learned masked feature (masked RoI classification); text_regions
+        (B, T) long, layout "official" only: the region whose visual embedding each word takes
+        (None: region 0, the whole image).
         """
         B, T = input_ids.shape
         N = features.shape[1]
@@ -468,8 +480,13 @@ class VlBertModel(nn.Module):
         if masked_regions is not None:
             masked_regions = masked_regions.bool()
 
+        grounding = {}
+        if text_regions is not None:
+            if self.config.layout != "official":
+                raise ValueError("text_regions (words grounded to regions) needs layout 'official'")
+            grounding["text_regions"] = text_regions
         x = self.embeddings(input_ids, token_type_ids, text_mask, features, boxes, region_mask,
-                            image_feature, masked_regions)  # (B, S, H)
+                            image_feature, masked_regions, **grounding)  # (B, S, H)
         keep = None  # (B, S) bool, prepared once for every layer
         if text_mask is not None or region_mask is not None:
             keep = key_mask(torch.cat([

@@ -1,5 +1,5 @@
-"""VL-BERT's own fine-tuning heads, as the authors' released VQA and RefCOCO+ models have them
-(jackroos/VL-BERT `vqa/` and `refcoco/` `ResNetVLBERT`). Built from the config alone, so that a
+"""VL-BERT's own fine-tuning heads, as the authors' released VQA, RefCOCO+ and VCR models have
+them (jackroos/VL-BERT `vqa/`, `refcoco/` and `vcr/` `ResNetVLBERT`). Built from the config alone, so that a
 released file converts to one of them (model/checkpoints/vlbert.py) with its head.
 
 - VQA: the text is `[CLS] question [SEP] [MASK] [SEP]`; the answer is read off the [MASK]'s state:
@@ -7,12 +7,17 @@ released file converts to one of them (model/checkpoints/vlbert.py) with its hea
   cross-entropy on soft scores times the number of answers (theirs: `vqa_bce_loss`).
 - RefCOCO+: one score per region: dense -> GELU -> dropout -> Linear(H, 1) over the region states
   (their `VisualLinguisticBertMVRCHeadTransform` then a Linear); padded regions get -inf.
-Both differ from model/tasks.py's heads, which read the pooled vector (VQA) or have no hidden
-layer (RefCOCO+): these are the authors' structure.
+- VCR: K texts `[CLS] question [SEP] answer [SEP]` per image, each word's visual embedding from
+  the object it names (`text_regions`); dropout -> Linear(H, 1) over each pooled vector -> (B, K)
+  scores (their "1fc"), beside their training regulariser `cnn_loss_reg`: the object class of each
+  region from its state (dense, GELU, Linear(H, 81)), `region_head`.
+The VQA and RefCOCO+ heads differ from model/tasks.py's, which read the pooled vector (VQA) or
+have no hidden layer (RefCOCO+): these are the authors' structure.
 
 state_dict names (a public API): vlbert.* (VlBertModel), then
     VlBertForQuestionAnswering:  head.transform.{dense,norm}.*, head.classifier.*
     VlBertForReferringExpressions: head.dense.*, head.classifier.*
+    VlBertForMultipleChoice: head.classifier.*, region_head.{dense,classifier}.*
 """
 
 from __future__ import annotations
@@ -23,8 +28,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dataclasses import dataclass
+
 from model.heads import PredictionTransform, init_bert_weights
 from model.vlbert import VlBertConfig, VlBertModel
+from model.vlbert_pretraining import VlBertOfficialRegionHead
 
 
 class VlBertAnswerHead(nn.Module):
@@ -91,3 +99,61 @@ class VlBertForReferringExpressions(nn.Module):
         if region_mask is not None:
             scores = scores.masked_fill(~region_mask.bool(), float("-inf"))
         return scores
+
+
+@dataclass
+class VlBertChoiceOutput:
+    choice_scores: torch.Tensor  # (B, K)
+    region_class_logits: torch.Tensor  # (B * K, N, num_region_classes): row b * K + k
+
+
+class VlBertChoiceHead(nn.Module):
+    """Pooled (B * K, H) -> scores (B, K)."""
+
+    def __init__(self, config: VlBertConfig) -> None:
+        super().__init__()
+        self.dropout = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, pooled: torch.Tensor, num_choices: int) -> torch.Tensor:
+        return self.classifier(self.dropout(pooled)).view(-1, num_choices)
+
+
+class VlBertForMultipleChoice(nn.Module):
+    """VlBertModel (with its pooler) and the authors' VCR heads: choice scores and region classes."""
+
+    def __init__(self, config: VlBertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.vlbert = VlBertModel(config)
+        self.head = VlBertChoiceHead(config)
+        self.region_head = VlBertOfficialRegionHead(config.hidden_size,
+                                                    num_classes=config.num_region_classes)
+        init = functools.partial(init_bert_weights, std=config.initializer_range)
+        self.head.apply(init)
+        self.region_head.apply(init)
+
+    def forward(
+        self, *, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None, text_regions: torch.Tensor | None = None,
+        features: torch.Tensor, boxes: torch.Tensor, region_mask: torch.Tensor | None,
+    ) -> VlBertChoiceOutput:
+        """Texts (B, K, T) (text_regions (B, K, T) long: each word's region, 0 = the whole
+        image); the image's features (B, N, D), boxes (B, N, 4), region_mask (B, N)."""
+        K = input_ids.shape[1]
+
+        def flat(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.flatten(0, 1)
+
+        def per_choice(t: torch.Tensor | None) -> torch.Tensor | None:  # row b -> rows b * K + k
+            return None if t is None else t.repeat_interleave(K, dim=0)
+
+        out = self.vlbert(
+            input_ids=flat(input_ids), attention_mask=flat(attention_mask),
+            token_type_ids=flat(token_type_ids), text_regions=flat(text_regions),
+            features=per_choice(features), boxes=per_choice(boxes),
+            region_mask=per_choice(region_mask),
+        )
+        if out.pooled is None:
+            raise ValueError("VlBertForMultipleChoice scores the pooled vector: needs pooler=True")
+        return VlBertChoiceOutput(self.head(out.pooled, K), self.region_head(out.visual_hidden))

@@ -5,8 +5,8 @@ References (tests/references/vlbert/), made by the authors' code and nothing of 
 - repository jackroos/VL-BERT, commit 4373674cbf2bcd6c09a2c26abfdb6705b870e3be;
 - class `pretrain.modules.ResNetVLBERTForPretrainingMultitask` (their `VisualLinguisticBertForPretraining`
   inside), config `pretrain/function/config.py` defaults with IMAGE_FEAT_PRECOMPUTED true,
-  IMAGE_FINAL_DIM 32, WITH_REL_LOSS false, WITH_MLM_LOSS / WITH_MVRC_LOSS true, *_LOSS_NORM_IN_BATCH_FIRST
-  false, and VLBERT = `TINY_CFG` below (hidden 32, 2 layers, 2 heads, FFN 64, 64 positions, vocab
+  IMAGE_FINAL_DIM 16, WITH_REL_LOSS false, WITH_MLM_LOSS / WITH_MVRC_LOSS true, *_LOSS_NORM_IN_BATCH_FIRST
+  false, and VLBERT = `TINY_CFG` below (hidden 16, 2 layers, 2 heads, FFN 32, 32 positions, vocab
   40, 9 region classes, with_pooler true, visual_ln true);
 - two widths their code hard-codes shrunk for size: the appearance feature 2048 -> 64 (the
   Linear(2 * 2048, ...) of `common/fast_rcnn.py` and `object_mask_visual_embedding`) and the
@@ -23,8 +23,8 @@ References (tests/references/vlbert/), made by the authors' code and nothing of 
   boxes (padding -2), `im_info` (2, 4) W = 64, H = 32, `mvrc_ops` (2, 4) (one masked RoI a row),
   `mvrc_labels` (2, 4, 9) soft targets, `mlm_labels` (2, 6) (-1 = none), and one text-only row
   `aux_text` (1, 7) with `aux_mlm_labels`; their outputs, caught by forward hooks:
-  `text_hidden` (3, 7, 32) (the mlm head's input), `object_hidden` (3, 4, 32) (the mvrc head's),
-  `pooled` (3, 32); returned: `mlm_logits_wvc` (2, 7, 40), `mlm_logits_aux` (1, 7, 40),
+  `text_hidden` (3, 7, 16) (the mlm head's input), `object_hidden` (3, 4, 16) (the mvrc head's),
+  `pooled` (3, 16); returned: `mlm_logits_wvc` (2, 7, 40), `mlm_logits_aux` (1, 7, 40),
   `mvrc_logits` (2, 4, 9), `mlm_loss_wvc`, `mlm_loss_aux`, `mvrc_loss` and the total `loss`.
 """
 
@@ -47,24 +47,28 @@ from model.errors import CheckpointError
 from model.heads import IGNORE_INDEX, masked_lm_loss, soft_cross_entropy, vqa_bce_loss
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
-from model.vlbert_tasks import VlBertForQuestionAnswering, VlBertForReferringExpressions
+from model.vlbert_tasks import (
+    VlBertForMultipleChoice,
+    VlBertForQuestionAnswering,
+    VlBertForReferringExpressions,
+)
 
 REFERENCES = Path(__file__).parent / "references" / "vlbert"
 TINY_CFG = """\
 NETWORK:
   IMAGE_FEAT_PRECOMPUTED: true
-  IMAGE_FINAL_DIM: 32
+  IMAGE_FINAL_DIM: 16
   VLBERT:
     with_pooler: true
-    visual_size: 32
-    hidden_size: 32
+    visual_size: 16
+    hidden_size: 16
     num_hidden_layers: 2
     num_attention_heads: 2
-    intermediate_size: 64
+    intermediate_size: 32
     hidden_act: "gelu"
     hidden_dropout_prob: 0.1
     attention_probs_dropout_prob: 0.1
-    max_position_embeddings: 64
+    max_position_embeddings: 32
     type_vocab_size: 3
     vocab_size: 40
     initializer_range: 0.02
@@ -210,7 +214,7 @@ def test_files_of_the_other_layouts_and_errors(cfg_file):
     # a fine-tuned file: no pretraining rows, a task head, and (end to end) the CNN
     tuned = {n: t for n, t in raw.items() if not any(k in n for k in (
         "mlm_head", "mvrc_head", "object_mask_word", "aux_text", "object_mask_visual"))}
-    tuned["module.final_mlp.2.weight"] = torch.zeros(5, 32)
+    tuned["module.final_mlp.2.weight"] = torch.zeros(5, 16)
     tuned["module.image_feature_extractor.backbone.conv1.weight"] = torch.zeros(4, 3, 7, 7)
     config = read(cfg_file)[0]  # the shrunk appearance width is not in a file without the mask
     with pytest.raises(CheckpointError, match="final_mlp"):
@@ -224,7 +228,7 @@ def test_files_of_the_other_layouts_and_errors(cfg_file):
     broken = dict(raw)
     del broken["module.vlbert.end_embedding.weight"]
     broken["module.vlbert.extra.weight"] = torch.zeros(1)
-    broken["module.vlbert.encoder.layer.0.intermediate.dense.weight"] = torch.zeros(65, 32)
+    broken["module.vlbert.encoder.layer.0.intermediate.dense.weight"] = torch.zeros(33, 16)
     with pytest.raises(CheckpointError) as err:
         vl.read_official(broken, config_file=cfg_file, drop_heads=False, notes=[])
     message = str(err.value)
@@ -338,13 +342,13 @@ def test_their_fine_tuned_models_equal_ours(task, tmp_path):
     assert vl.write_official(config, state, model_name).keys() == raw.keys()
 
 
-RELEASED = {  # their cfg -> (our class, hidden, layers, drop_heads)
-    "pretrain/base_prec_4x16G_fp32": ("VlBertForPreTraining", 768, 12, False),
-    "pretrain/base_e2e_16x16G_fp16": ("VlBertForPreTraining", 768, 12, False),
-    "pretrain/large_e2e_16x16G_fp16": ("VlBertForPreTraining", 1024, 24, False),
-    "vqa/base_4x16G_fp32": ("VlBertForQuestionAnswering", 768, 12, False),
-    "refcoco/base_detected_regions_4x16G": ("VlBertForReferringExpressions", 768, 12, False),
-    "vcr/base_q2a_4x16G_fp32": ("VlBertModel", 768, 12, True),
+RELEASED = {  # their cfg -> (our class, hidden, layers)
+    "pretrain/base_prec_4x16G_fp32": ("VlBertForPreTraining", 768, 12),
+    "pretrain/base_e2e_16x16G_fp16": ("VlBertForPreTraining", 768, 12),
+    "pretrain/large_e2e_16x16G_fp16": ("VlBertForPreTraining", 1024, 24),
+    "vqa/base_4x16G_fp32": ("VlBertForQuestionAnswering", 768, 12),
+    "refcoco/base_detected_regions_4x16G": ("VlBertForReferringExpressions", 768, 12),
+    "vcr/base_q2a_4x16G_fp32": ("VlBertForMultipleChoice", 768, 12),
 }
 
 
@@ -357,20 +361,23 @@ def test_the_released_layouts_load_strictly_off_their_shapes(name):
     be (`module.` names) with no cfg: the shapes give the config, strictly."""
     with gzip.open(REFERENCES / "released_shapes.json.gz", "rt") as f:
         shapes = json.load(f)[name]
-    model_name, hidden, layers, drop_heads = RELEASED[name]
+    model_name, hidden, layers = RELEASED[name]
     raw = {f"module.{n}": torch.empty(s, device="meta") for n, s in shapes.items()}
     notes: list[str] = []
-    config, state, found = vl.read_official(raw, config_file=None, drop_heads=drop_heads,
-                                            notes=notes)
+    config, state, found = vl.read_official(raw, config_file=None, drop_heads=False, notes=notes)
     assert found == model_name
     assert (config.hidden_size, config.num_layers, config.num_heads) == (hidden, layers, hidden // 64)
     assert (config.visual_feat_dim, config.geometry_dim) == (2048, 2048)
     assert state.keys() == vl.shapes_of(vl.MODELS[found], config).keys()
     if "e2e" in name or name.startswith(("refcoco", "vcr")):
         assert any("Fast R-CNN" in n for n in notes)
-    if drop_heads:
-        with pytest.raises(CheckpointError, match="cnn_loss_reg.*final_mlp"):
-            vl.read_official(raw, config_file=None, drop_heads=False, notes=[])
+    # written back: the file's tensors but the CNN; as precomputed features need it, their
+    # masked appearance too (which an end-to-end file lacks)
+    written = set(vl.write_official(config, state, found))
+    kept = {n for n in raw if not vl.fast_rcnn_tensors({n: raw[n]})}
+    assert kept <= written and written - kept <= {"module.object_mask_visual_embedding.weight"}
+    encoder = vl.read_official(raw, config_file=None, drop_heads=True, notes=[])
+    assert encoder[2] == "VlBertModel"
 
 
 def test_their_fast_rcnn_maps_onto_our_detector():
@@ -417,3 +424,45 @@ def test_their_fast_rcnn_head_equals_our_res5_on_the_same_rois():
     abs_err, rel_err = errors(features, ref["output.features"])
     print(f"res5 region features: max abs {abs_err:.2e}, max rel {rel_err:.2e}")
     assert abs_err <= TOLERANCE
+
+
+def test_their_vcr_model_equals_ours(tmp_path):
+    """References `vcr.model` / `vcr_io.safetensors`: their `vcr.modules.ResNetVLBERT` (same
+    repository and commit), `vcr/function/config.py` defaults (question then answer, words
+    grounded to objects by their tags), CLASSIFIER_TYPE "1fc" (dropout 0.1), ENABLE_CNN_REG_LOSS
+    and CNN_LOSS_TOP true (their released cfgs), IMAGE_SEMANTIC false, VLBERT = `TASK_CFG` with
+    with_pooler true; the same shrunk widths and seeds as the VQA reference. Their VCR model takes
+    no precomputed features, so its FastRCNN call was given them (`input.features`, (2, 4, 64)) in
+    the precomputed layout: only obj_downsample runs. Inputs: 2 images (box 0 the whole image,
+    the second with 3 real boxes, padding -1), 3 answers each; their text (`[CLS] q [SEP] a
+    [SEP]`, the answer segment B) and each word's tag (0: the image, i + 1: object i) caught in
+    their forward: `text_ids`, `token_type_ids`, `text_mask`, `text_tags` (2, 3, 10). Outputs:
+    `label_logits` (2, 3) of `inference_forward`, and their `cnn_loss_reg` on the region states
+    (6, 4, 81)."""
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TASK_CFG)
+    raw, _ = read_released(REFERENCES / "vcr.model")
+    io = load_file(REFERENCES / "vcr_io.safetensors")
+    config = dataclasses.replace(vl.config_from_authors(cfg), visual_feat_dim=64, geometry_dim=64)
+    config, state, model_name = vl.read_with_config(raw, config, drop_heads=False, notes=[])
+    assert model_name == "VlBertForMultipleChoice" and config.num_region_classes == 81
+    model = VlBertForMultipleChoice(config).eval()
+    model.load_state_dict(state, strict=True)
+    boxes = io["input.boxes"][..., :4]
+    wh = io["input.im_info"][:, None, :2].repeat(1, 1, 2)
+    region_mask = boxes[..., 3] > -0.5
+    with torch.no_grad():
+        out = model(input_ids=io["input.text_ids"], attention_mask=io["input.text_mask"],
+                    token_type_ids=io["input.token_type_ids"], text_regions=io["input.text_tags"],
+                    features=io["input.features"], boxes=boxes / wh, region_mask=region_mask)
+    real = region_mask.repeat_interleave(3, dim=0)
+    pairs = {"choice scores": (out.choice_scores, io["output.logits"]),
+             "region class logits": (out.region_class_logits[real],
+                                     io["output.region_class_logits"][real])}
+    for name, (ours, theirs) in pairs.items():
+        abs_err, rel_err = errors(ours, theirs)
+        print(f"vcr {name}: max abs {abs_err:.2e}, max rel {rel_err:.2e}")
+        assert abs_err <= TOLERANCE, name
+    written = vl.write_official(config, state, model_name)
+    assert written.keys() == raw.keys()
+    assert all(torch.equal(written[n], raw[n]) for n in raw)

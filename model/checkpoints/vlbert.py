@@ -15,8 +15,8 @@ The Fast R-CNN's CNN (`image_feature_extractor.backbone.*`, its res5 head
 from pixels: it is the detector's part, not the model's (model/ never holds a CNN), so the reader
 sets it aside with a note (`fast_rcnn_tensors` returns it).
 A pretraining file converts to `VlBertForPreTraining`, a VQA one to `VlBertForQuestionAnswering`, a
-RefCOCO+ one to `VlBertForReferringExpressions` (model/vlbert_tasks.py), any to `VlBertModel` with
-drop_heads; the VCR head (its words grounded to objects) has no class of ours and is refused.
+RefCOCO+ one to `VlBertForReferringExpressions`, a VCR one to `VlBertForMultipleChoice`
+(model/vlbert_tasks.py), any to `VlBertModel` with drop_heads.
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ import torch
 from model.checkpoints.common import CheckpointError, check_state, shapes_of
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
-from model.vlbert_tasks import VlBertForQuestionAnswering, VlBertForReferringExpressions
+from model.vlbert_tasks import (
+    VlBertForMultipleChoice,
+    VlBertForQuestionAnswering,
+    VlBertForReferringExpressions,
+)
 
 MODELS = {cls.__name__: cls for cls in (VlBertModel, VlBertForPreTraining,
-                                        VlBertForQuestionAnswering, VlBertForReferringExpressions)}
+                                        VlBertForQuestionAnswering, VlBertForReferringExpressions,
+                                        VlBertForMultipleChoice)}
 
 PREFIX = "module."  # DataParallel's, on every name of their files
 FAST_RCNN = "image_feature_extractor."
@@ -100,6 +105,11 @@ _HEADS = {  # each model's heads -> theirs
         "head.dense": "final_mlp.0.dense",
         "head.classifier": "final_mlp.2",
     },
+    "VlBertForMultipleChoice": {  # "1fc": Dropout, Linear(H, 1); cnn_loss_reg: MVRC-like, 81
+        "head.classifier": "final_mlp.1",
+        "region_head.dense": "cnn_loss_reg.0.dense",
+        "region_head.classifier": "cnn_loss_reg.2",
+    },
 }
 
 
@@ -136,12 +146,14 @@ def _model_of(sd: Mapping[str, torch.Tensor]) -> str:
     if "final_mlp.0.dense.weight" in sd and "final_mlp.2.weight" in sd:
         if sd["final_mlp.2.weight"].shape[0] == 1:
             return "VlBertForReferringExpressions"
+    if "final_mlp.1.weight" in sd and "cnn_loss_reg.2.weight" in sd:
+        return "VlBertForMultipleChoice"
     if any(n.startswith(_TASK_HEADS) for n in sd):
         heads = ", ".join(sorted(n for n in sd if n.startswith(_TASK_HEADS)))
         raise CheckpointError(
-            f"a fine-tuned VL-BERT file whose task head ({heads}) has no model class here (their "
-            "VCR '1fc' / '2fc' heads read words grounded to objects, which VlBertModel does not "
-            "embed): read its encoder with drop_heads (--drop-heads)")
+            f"a fine-tuned VL-BERT file whose task head ({heads}) has no model class here (the "
+            "released ones are VQA's 'mlm', RefCOCO+'s and VCR's '1fc' with cnn_loss_reg): read "
+            "its encoder with drop_heads (--drop-heads)")
     return "VlBertModel"
 
 
@@ -278,9 +290,12 @@ def read_with_config(
     model = _model_of(sd)
     if model == "VlBertForQuestionAnswering":
         config = dataclasses.replace(config, num_answers=sd["final_mlp.2.weight"].shape[0])
-    if model in ("VlBertForQuestionAnswering", "VlBertForReferringExpressions"):
+    if model == "VlBertForMultipleChoice":
+        config = dataclasses.replace(config, num_region_classes=sd["cnn_loss_reg.2.weight"].shape[0])
+    if model in ("VlBertForQuestionAnswering", "VlBertForReferringExpressions",
+                 "VlBertForMultipleChoice"):
         notes.append(f"classifier_dropout is not stored: {config.classifier_dropout} assumed "
-                     "(their VQA cfgs 0.1, RefCOCO+ 0.0)")
+                     "(their VQA and VCR cfgs 0.1, RefCOCO+ 0.0)")
     names = authors_names(config, model)
     decoder, table = "vlbert.mlm_head.predictions.decoder.weight", "vlbert.word_embeddings.weight"
     if model == "VlBertForPreTraining" and decoder not in sd and table in sd:
@@ -316,10 +331,13 @@ def write_official(
                               "(one visual Linear, [IMG]/[END] word rows) has no such file")
     check_state(state, shapes_of(MODELS[model], config), "VL-BERT state dict")
     names = authors_names(config, model)
-    if model in ("VlBertForQuestionAnswering", "VlBertForReferringExpressions"):
+    if model in ("VlBertForQuestionAnswering", "VlBertForReferringExpressions",
+                 "VlBertForMultipleChoice"):
         # their fine-tuning wrapper has none of pretraining's own vectors
         names = {k: v for k, v in names.items()
                  if k.removeprefix("vlbert.") not in _PRETRAINING_ONLY}
+    if model == "VlBertForMultipleChoice":  # their VCR model's TimeDistributed encoder
+        names = {k: re.sub(r"^vlbert\.", TIME_DISTRIBUTED, v) for k, v in names.items()}
     return {PREFIX + theirs: state[ours].reshape(_authors_shape(ours, tuple(state[ours].shape)))
             for ours, theirs in names.items()}
 
