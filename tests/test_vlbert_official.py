@@ -466,3 +466,16 @@ def test_their_vcr_model_equals_ours(tmp_path):
     written = vl.write_official(config, state, model_name)
     assert written.keys() == raw.keys()
     assert all(torch.equal(written[n], raw[n]) for n in raw)
+
+
+@pytest.mark.parametrize(("line", "replacement", "error"), [
+    ("visual_ln: true", "visual_ln: false", "visual_ln false"),
+    ("visual_size: 16", "visual_size: 8", "visual_1x1"),
+    ('hidden_act: "gelu"', 'hidden_act: "relu"', "hidden_act"),
+    (TASK_CFG, "NETWORK: {}\n", "not a VL-BERT cfg"),
+])
+def test_their_cfgs_without_a_counterpart_are_refused(line, replacement, error, tmp_path):
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(TASK_CFG.replace(line, replacement))
+    with pytest.raises(CheckpointError, match=error):
+        vl.config_from_authors(cfg)
