@@ -1,6 +1,6 @@
 """VL-BERT's own fine-tuning heads, as the authors' released VQA, RefCOCO+ and VCR models have
-them (jackroos/VL-BERT `vqa/`, `refcoco/` and `vcr/` `ResNetVLBERT`). Built from the config alone, so that a
-released file converts to one of them (model/checkpoints/vlbert.py) with its head.
+them (jackroos/VL-BERT `vqa/`, `refcoco/` and `vcr/` `ResNetVLBERT`). Built from the config
+alone, so that a released file converts to one of them (model/checkpoints/vlbert.py) with its head.
 
 - VQA: the text is `[CLS] question [SEP] [MASK] [SEP]`; the answer is read off the [MASK]'s state:
   transform (dense, GELU, LayerNorm) -> dropout -> Linear(H, num_answers); trained with binary
@@ -23,12 +23,11 @@ state_dict names (a public API): vlbert.* (VlBertModel), then
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from dataclasses import dataclass
 
 from model.heads import PredictionTransform, init_bert_weights
 from model.vlbert import VlBertConfig, VlBertModel
