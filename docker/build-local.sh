@@ -6,7 +6,9 @@
 #
 #   bash docker/build-local.sh [cpu|gpu ...]      (default: cpu gpu; as root)
 #
-# Needs: apt-get install podman mmdebstrap runc; python3 with pip. Podman's settings go into
+# Needs: apt-get install podman mmdebstrap runc; uv (it installs the pinned uv's wheel into a
+# scratch environment: under `uv run`, python3 is the project's, which has no pip). Podman's
+# settings go into
 # $VLPIPE_PODMAN (default /var/tmp/vlpipe-podman): runtime runc with cgroupfs (crun refuses some
 # cgroup layouts), the ulimits these machines allow, overlay storage; export
 # CONTAINERS_CONF and CONTAINERS_STORAGE_CONF as printed to run the images with the same podman.
@@ -23,7 +25,7 @@ for image in "${images[@]}"; do
     [ -f "$repo/docker/Dockerfile.$image" ] || {
         echo "build-local: no image '$image': choose cpu or gpu" >&2; exit 2; }
 done
-for tool in podman mmdebstrap runc python3; do
+for tool in podman mmdebstrap runc uv; do
     command -v "$tool" >/dev/null || { echo "build-local: $tool is not installed" >&2; exit 2; }
 done
 
@@ -57,10 +59,10 @@ fi
 if ! podman image exists "vlpipe-uv:$uv_version"; then
     # The uv and uvx binaries of PyPI's wheel, at the root, as in astral-sh's image.
     uv_dir="$(mktemp -d)"
-    python3 -m pip download --quiet --no-deps --only-binary=:all: "uv==$uv_version" -d "$uv_dir"
-    python3 -m zipfile -e "$uv_dir"/uv-*.whl "$uv_dir/wheel"
-    cp "$uv_dir/wheel/uv-$uv_version.data/scripts/uv" "$uv_dir/wheel/uv-$uv_version.data/scripts/uvx" \
-        "$uv_dir/"
+    env -u VIRTUAL_ENV uv venv --quiet --no-project "$uv_dir/venv"
+    env -u VIRTUAL_ENV uv pip install --quiet --no-config --python "$uv_dir/venv/bin/python" \
+        --no-deps --only-binary=:all: "uv==$uv_version"
+    cp "$uv_dir/venv/bin/uv" "$uv_dir/venv/bin/uvx" "$uv_dir/"
     chmod 755 "$uv_dir/uv" "$uv_dir/uvx"
     tar -C "$uv_dir" -cf "$state/uv.tar" uv uvx
     podman import "$state/uv.tar" "vlpipe-uv:$uv_version"

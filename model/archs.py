@@ -9,9 +9,17 @@ from torch import nn
 
 from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertModel
 from model.vilbert import VilBertConfig, VilBertModel
+from model.vilbert_beta_tasks import VilBertForBetaTasks
+from model.vilbert_multitask import VilBertForMultiTask
 from model.vilbert_pretraining import VilBertForPreTraining
 from model.visualbert import VisualBertConfig, VisualBertModel
 from model.visualbert_pretraining import VisualBertForPreTraining
+from model.visualbert_tasks import (
+    VisualBertForMultipleChoice,
+    VisualBertForQuestionAnswering,
+    VisualBertForRegionToPhraseAlignment,
+    VisualBertForVisualReasoning,
+)
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
 from model.vlbert_tasks import (
@@ -27,7 +35,10 @@ class Arch:
     fine-tuning wraps). pretraining: the model with its paper's pretraining heads, whose
     `encoder_attr` attribute holds the encoder. saved: the classes a checkpoint of this
     architecture may hold, the default first: LXMERT's whole pretraining model (its QA head
-    transfers to VQA / GQA) or its encoder; the encoder alone for the others."""
+    transfers to VQA / GQA) or its encoder; VisualBERT's encoder, its pretraining model or one of
+    its authors' task models (model/visualbert_tasks.py); ViLBERT's encoder, pretraining model,
+    12-in-1 multi-task model or vilbert_beta task model (its authors' released files); the
+    encoder alone for the others."""
 
     config: type
     encoder: type[nn.Module]
@@ -43,13 +54,20 @@ ARCHS: dict[str, Arch] = {
     ),
     "visualbert": Arch(
         VisualBertConfig, VisualBertModel, VisualBertForPreTraining, "visualbert",
-        (VisualBertModel,),
+        (
+            VisualBertModel, VisualBertForPreTraining, VisualBertForQuestionAnswering,
+            VisualBertForVisualReasoning, VisualBertForMultipleChoice,
+            VisualBertForRegionToPhraseAlignment,
+        ),
     ),
     "vlbert": Arch(
         VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert",
         (VlBertModel, VlBertForPreTraining, VlBertForQuestionAnswering,
          VlBertForReferringExpressions, VlBertForMultipleChoice),
     ),
-    "vilbert": Arch(VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert", (VilBertModel,)),
+    "vilbert": Arch(
+        VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert",
+        (VilBertModel, VilBertForPreTraining, VilBertForMultiTask, VilBertForBetaTasks),
+    ),
 }
 ARCH_NAMES = tuple(ARCHS)

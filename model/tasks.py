@@ -47,7 +47,7 @@ def joint_sizes(config: object) -> tuple[int, int]:
 def joint_outputs(output: object) -> tuple[torch.Tensor, torch.Tensor]:
     """An encoder's output -> joint vector (B, P) and region states (B, N, Hv)."""
     if isinstance(output, VilBertOutput):
-        return output.pooled * output.pooled_visual, output.visual_hidden[:, 1:]
+        return output.joint, output.visual_hidden[:, 1:]
     return output.pooled, output.visual_hidden  # type: ignore[attr-defined]
 
 

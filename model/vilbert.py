@@ -1,5 +1,10 @@
 """ViLBERT (Lu et al., NeurIPS 2019): a text stream and a visual stream joined by co-attention.
 
+Equal to the authors' `BertModel` (facebookresearch/vilbert-multi-task and jiasenlu/vilbert_beta,
+vilbert/vilbert.py) within 1e-5 in float32, its options included (tests/test_vilbert_official.py);
+their model takes the global image region below as its first input region, which their datasets
+build, where ours builds it from the regions.
+
 - Text stream: BERT (token + position + segment embeddings, LayerNorm, dropout; post-LN layers).
 - Visual stream: region embedding = LayerNorm(Linear(feature) + Linear(location)), dropout, where
   location is 5-d: x1, y1, x2, y2 normalised to [0, 1] and the fraction of the image area
@@ -20,9 +25,13 @@
   and visual layer visual_coattn_layers[k] (the official `t_biattention_id` / `v_biattention_id`).
   The paper's model: text (6..11) and visual (0..5): 6 text TRM, then 6 x (Co-TRM -> TRM) in
   both streams (the text stream's last TRM after the 6th Co-TRM is its layer 11).
+- Task token (the 12-in-1 model, Lu et al., CVPR 2020): with num_task_tokens > 0, a learned
+  task embedding is inserted after [CLS] (no position or segment embedding of its own; the
+  official `BertEmbeddings` with task_specific_tokens), so the text stream has T + 1 positions.
 - Pooling: h_CLS = act(Linear(text_hidden[:, 0])) and h_IMG = act(Linear(visual_hidden[:, 0])),
-  both of width bi_hidden_size so the alignment head can take h_IMG * h_CLS -> Linear. NOTE:
-  `pooled` is therefore (B, bi_hidden_size), not (B, H). The official code uses ReLU in both
+  both of width bi_hidden_size, fused into `joint` = h_CLS * h_IMG (config fusion "sum":
+  h_CLS + h_IMG) for the alignment and task heads. NOTE: `pooled` is therefore
+  (B, bi_hidden_size), not (B, H). The official code uses ReLU in both
   poolers (`BertTextPooler`, `BertImagePooler`); the paper does not say: `pooler_activation`.
 
 state_dict keys (our public API):
@@ -33,7 +42,11 @@ state_dict keys (our public API):
     coattn_layers.{k}.text.{query,key,value,out,attn_norm,ffn_in,ffn_out,ffn_norm}.{weight,bias}
     coattn_layers.{k}.visual.(same names)     [query/key/value: own width -> bi_hidden_size]
     text_pooler.{weight,bias}, visual_pooler.{weight,bias}
-The official checkpoint's unused `biOutput.q_dense{1,2}` have no counterpart here.
+    text_embeddings.task.weight                 [num_task_tokens > 0 only]
+    visual_layers.{i}.attn.gate_{query,key}.{weight,bias}   [dynamic_attention only]
+    coattn_layers.{k}.{text,visual}.q_dense.{weight,bias}   [keep_unused_q_dense only]
+The official files' `biOutput.q_dense{1,2}` (Linear(bi, width), which their forward never uses)
+are kept by keep_unused_q_dense, so that those files load strictly and convert back whole.
 """
 
 from __future__ import annotations
@@ -72,11 +85,24 @@ class VilBertConfig:
         layer count: after the last); equal lengths, one co-attention layer per pair (the paper:
         6..11 and 0..5, the official t_biattention_id / v_biattention_id).
     pooler_activation: of the [CLS] and IMG poolers: "relu" (the official code) or "tanh" (BERT).
+    fusion: how the joint vector that the alignment and task heads read combines h_CLS and
+        h_IMG: "mul", element-wise product (the paper, every released model), or "sum" (the
+        official fusion_method option).
     hidden_dropout: dropout on the text and region embeddings and on every sub-layer's output
         before its residual sum.
     attention_dropout: dropout on attention probabilities, co-attention's included.
     layer_norm_eps: epsilon of every LayerNorm (BERT: 1e-12).
     initializer_range: std of the normal init of Linear and Embedding weights (BERT: 0.02).
+    num_region_classes: width of the masked region classifier of the pretraining model, the
+        detector's class distribution (1601 ways; the official v_target_size).
+    num_task_tokens: rows of the task embedding table (the 12-in-1 model: 20); 0: no task token.
+    num_vqa_answers / num_gqa_answers: answer vocabularies of VilBertForMultiTask's two answer
+        heads (the official VILBertForVLTasks: 3129 and 1533).
+    keep_unused_q_dense: hold the official co-attention's unused `q_dense` layers (the released
+        files have them); they take no part in the forward.
+    dynamic_attention: the official option (vilbert-multi-task; no released file uses it): each
+        visual layer scales its queries and keys by 1 + sigmoid(Linear(t)), t the masked mean of
+        the text states (`visual_layers.{i}.attn.gate_{query,key}`, the official dyLinear_q/k).
     """
 
     vocab_size: int = 30522
@@ -98,10 +124,17 @@ class VilBertConfig:
     text_coattn_layers: tuple[int, ...] = (6, 7, 8, 9, 10, 11)
     visual_coattn_layers: tuple[int, ...] = (0, 1, 2, 3, 4, 5)
     pooler_activation: str = "relu"  # official code: ReLU; "tanh" as BERT
+    fusion: str = "mul"  # of h_CLS and h_IMG into the joint vector: "mul" (the paper) or "sum"
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    num_region_classes: int = 1601
+    num_task_tokens: int = 0  # 12-in-1: 20
+    num_vqa_answers: int = 3129
+    num_gqa_answers: int = 1533
+    keep_unused_q_dense: bool = False  # True for the official files
+    dynamic_attention: bool = False
 
     def __post_init__(self) -> None:
         for name, width, heads in (
@@ -119,6 +152,12 @@ class VilBertConfig:
             if any(i < 0 or i > count for i in ids) or list(ids) != sorted(ids):
                 raise ValueError(
                     f"{name} {ids} must be non-decreasing layer indices in [0, {count}]")
+        if min(self.num_region_classes, self.num_vqa_answers, self.num_gqa_answers) < 1:
+            raise ValueError("num_region_classes, num_vqa_answers and num_gqa_answers must be >= 1")
+        if self.num_task_tokens < 0:
+            raise ValueError(f"num_task_tokens {self.num_task_tokens} must be >= 0")
+        if self.fusion not in ("mul", "sum"):
+            raise ValueError(f"fusion {self.fusion!r}: use 'mul' or 'sum'")
         if self.pooler_activation not in ("relu", "tanh"):
             raise ValueError(f"pooler_activation {self.pooler_activation!r}: use 'relu' or 'tanh'")
         object.__setattr__(self, "text_coattn_layers", t)  # lists from YAML become tuples
@@ -155,26 +194,32 @@ class VilBertOutput:
     visual_mask: torch.Tensor | None  # (B, N + 1) bool: region_mask with a leading True; or None
     pooled: torch.Tensor  # (B, bi_hidden): h_CLS
     pooled_visual: torch.Tensor  # (B, bi_hidden): h_IMG
+    joint: torch.Tensor  # (B, bi_hidden): h_CLS * h_IMG, or h_CLS + h_IMG (config.fusion "sum")
     attentions: VilBertAttentions | None = None
 
 
 class VilBertSelfAttention(nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, gate_from: int = 0) -> None:
         super().__init__()
         self.query = nn.Linear(width, width)
         self.key = nn.Linear(width, width)
         self.value = nn.Linear(width, width)
         self.out = nn.Linear(width, width)
+        if gate_from:  # dynamic attention: query and key gates from a gate_from-wide text vector
+            self.gate_query = nn.Linear(gate_from, width)
+            self.gate_key = nn.Linear(gate_from, width)
 
 
 class VilBertLayer(nn.Module):
     """A post-LayerNorm BERT layer (TRM) of either stream."""
 
-    def __init__(self, width: int, heads: int, intermediate: int, cfg: VilBertConfig) -> None:
+    def __init__(
+        self, width: int, heads: int, intermediate: int, cfg: VilBertConfig, gate_from: int = 0
+    ) -> None:
         super().__init__()
         self.num_heads = heads
         self.attention_dropout = cfg.attention_dropout
-        self.attn = VilBertSelfAttention(width)
+        self.attn = VilBertSelfAttention(width, gate_from)
         self.attn_norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps)
         self.ffn_in = nn.Linear(width, intermediate)
         self.ffn_out = nn.Linear(intermediate, width)
@@ -182,13 +227,19 @@ class VilBertLayer(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor | KeyMask | None, need_weights: bool = False
+        self, x: torch.Tensor, mask: torch.Tensor | KeyMask | None, need_weights: bool = False,
+        gate: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, L, W), mask (B, L) bool (or prepared: `key_mask`) or None -> (B, L, W),
-        weights (B, heads, L, L) or None."""
+        weights (B, heads, L, L) or None. gate (B, gate_from): the text vector that scales the
+        queries and keys by 1 + sigmoid(Linear(gate)), for a layer built with gate_from."""
         a = self.attn
+        q, k, v = project(x, a.query, a.key, a.value)
+        if gate is not None:
+            q = q * (1 + torch.sigmoid(a.gate_query(gate)))[:, None]
+            k = k * (1 + torch.sigmoid(a.gate_key(gate)))[:, None]
         context, weights = attend(
-            *project(x, a.query, a.key, a.value), mask, num_heads=self.num_heads,
+            q, k, v, mask, num_heads=self.num_heads,
             dropout_p=self.attention_dropout if self.training else 0.0, need_weights=need_weights)
         x = self.attn_norm(x + self.dropout(a.out(context)))
         x = self.ffn_norm(x + self.dropout(self.ffn_out(F.gelu(self.ffn_in(x)))))
@@ -210,6 +261,8 @@ class VilBertCoAttentionStream(nn.Module):
         self.ffn_out = nn.Linear(intermediate, width)
         self.ffn_norm = nn.LayerNorm(width, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
+        if cfg.keep_unused_q_dense:  # the official BertBiOutput's q_dense1/2: never called
+            self.q_dense = nn.Linear(bi, width)
 
     def finish(self, x: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """Residual + LayerNorm around the cross-attended context (B, L, bi), then the FFN."""
@@ -253,11 +306,20 @@ class VilBertTextEmbeddings(nn.Module):
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
+        if cfg.num_task_tokens:
+            self.task = nn.Embedding(cfg.num_task_tokens, cfg.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+        task_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, T) ids -> (B, T, H); with task_ids (B,): (B, T + 1, H), the task token after
+        [CLS]."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         x = self.token(input_ids) + self.position(positions) + self.segment(token_type_ids)
-        return self.dropout(self.norm(x))  # (B, T, H)
+        if task_ids is not None:
+            x = torch.cat([x[:, :1], self.task(task_ids)[:, None], x[:, 1:]], 1)
+        return self.dropout(self.norm(x))
 
 
 class VilBertVisualEmbeddings(nn.Module):
@@ -274,6 +336,14 @@ class VilBertVisualEmbeddings(nn.Module):
         dtype = self.feature.weight.dtype
         x = self.feature(features.to(dtype)) + self.location(locations.to(dtype))
         return self.dropout(self.norm(x))
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x (B, L, W), mask (B, L) bool or None (nothing padded) -> (B, W), the mean of the kept."""
+    if mask is None:
+        return x.mean(1)
+    keep = mask[..., None].to(x.dtype)
+    return (x * keep).sum(1) / keep.sum(1)
 
 
 def with_global_region(
@@ -320,7 +390,8 @@ class VilBertModel(nn.Module):
             VilBertLayer(c.hidden_size, c.num_heads, c.intermediate_size, c)
             for _ in range(c.num_layers))
         self.visual_layers = nn.ModuleList(
-            VilBertLayer(c.visual_hidden_size, c.visual_num_heads, c.visual_intermediate_size, c)
+            VilBertLayer(c.visual_hidden_size, c.visual_num_heads, c.visual_intermediate_size, c,
+                         gate_from=c.hidden_size if c.dynamic_attention else 0)
             for _ in range(c.visual_num_layers))
         self.coattn_layers = nn.ModuleList(VilBertCoAttentionLayer(c) for _ in c.text_coattn_layers)
         self.text_pooler = nn.Linear(c.hidden_size, c.bi_hidden_size)
@@ -347,6 +418,7 @@ class VilBertModel(nn.Module):
         boxes: torch.Tensor,
         region_mask: torch.Tensor | None,
         image_feature: torch.Tensor | None = None,
+        task_ids: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VilBertOutput:
         """Encode text and regions in two streams joined by co-attention.
@@ -356,14 +428,22 @@ class VilBertModel(nn.Module):
         (B, N) {0, 1}; a mask None: no token / region is padding, and that stream's attention
         runs unmasked; image_feature (B, D) overrides the global region's feature (default: the
         mean of the real regions). Visual outputs have N + 1 positions (global region first).
+        task_ids (B,) long: the task of each row, required iff config.num_task_tokens > 0; the
+        text outputs then have T + 1 positions, the task token at index 1.
         """
         c = self.config
+        if (task_ids is None) != (c.num_task_tokens == 0):
+            raise ValueError(
+                f"task_ids must be given iff num_task_tokens > 0 ({c.num_task_tokens})")
         t_mask = attention_mask.bool() if attention_mask is not None else None
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        if task_ids is not None and t_mask is not None:  # the task token is never padding
+            task = t_mask.new_ones(t_mask.shape[0], 1)
+            t_mask = torch.cat([t_mask[:, :1], task, t_mask[:, 1:]], 1)
         feats, locations, v_mask = with_global_region(
             features, boxes, region_mask.bool() if region_mask is not None else None, image_feature)
-        t = self.text_embeddings(input_ids, token_type_ids)  # (B, T, H)
+        t = self.text_embeddings(input_ids, token_type_ids, task_ids)  # (B, T [+ 1], H)
         v = self.visual_embeddings(feats, locations.to(feats.dtype))  # (B, N + 1, Hv)
 
         # prepared once for every layer
@@ -374,11 +454,16 @@ class VilBertModel(nn.Module):
         steps = [*zip(c.text_coattn_layers, c.visual_coattn_layers, self.coattn_layers),
                  (c.num_layers, c.visual_num_layers, None)]
         for t_at, v_at, coattn in steps:
+            t_before = t
             for layer in self.text_layers[t_done:t_at]:
                 t, w = layer(t, t_keep, output_attentions)
                 weights["t"].append(w)
+            gate = None
+            if c.dynamic_attention:  # the official encoder runs the text layers first, except
+                # after the last co-attention layer, where the visual layers go first
+                gate = masked_mean(t if coattn is not None else t_before, t_mask)
             for layer in self.visual_layers[v_done:v_at]:
-                v, w = layer(v, v_keep, output_attentions)
+                v, w = layer(v, v_keep, output_attentions, gate)
                 weights["v"].append(w)
             t_done, v_done = t_at, v_at
             if coattn is not None:
@@ -387,6 +472,7 @@ class VilBertModel(nn.Module):
                 weights["vt"].append(w_vt)
 
         act = torch.relu if c.pooler_activation == "relu" else torch.tanh
+        pooled, pooled_visual = act(self.text_pooler(t[:, 0])), act(self.visual_pooler(v[:, 0]))
         attentions = None
         if output_attentions:
             attentions = VilBertAttentions(*(tuple(weights[k]) for k in ("t", "v", "tv", "vt")))
@@ -394,7 +480,8 @@ class VilBertModel(nn.Module):
             text_hidden=t,
             visual_hidden=v,
             visual_mask=v_mask,
-            pooled=act(self.text_pooler(t[:, 0])),
-            pooled_visual=act(self.visual_pooler(v[:, 0])),
+            pooled=pooled,
+            pooled_visual=pooled_visual,
+            joint=pooled * pooled_visual if c.fusion == "mul" else pooled + pooled_visual,
             attentions=attentions,
         )

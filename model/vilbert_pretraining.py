@@ -7,8 +7,9 @@ multi-modal alignment prediction.
   distribution of the masked region (the official `imagePredictions`). Scored for the N input
   regions only: the global image region (visual position 0) is never a target, and leaving it
   out lines the logits up with the regions' targets (B, N, C).
-- Alignment: h_IMG * h_CLS (element-wise, both bi_hidden wide), dropout, Linear(bi_hidden, 2):
-  [not aligned, aligned] (the official `bi_seq_relationship` with fusion "mul").
+- Alignment: the joint vector h_IMG * h_CLS (element-wise, both bi_hidden wide; h_IMG + h_CLS
+  with config fusion "sum"), dropout, Linear(bi_hidden, 2): [not aligned, aligned] (the
+  official `bi_seq_relationship`, its rows in the other order: model/checkpoints/vilbert.py).
 Which regions and tokens are masked, and which captions are swapped, is the pretraining
 objectives' business.
 
@@ -24,6 +25,7 @@ Module tree (state_dict names, a public API; H text width, Hv visual width, V vo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -59,17 +61,20 @@ class VilBertPreTrainingOutput:
 class VilBertForPreTraining(nn.Module):
     """VilBertModel with masked LM (tied decoder), masked region (1601-way) and alignment heads.
 
-    num_region_classes: width of the region classifier, the detector's distribution (1601 ways).
+    num_region_classes: width of the region classifier, the detector's distribution (default:
+    config.num_region_classes, 1601 ways).
     """
 
-    def __init__(self, config: VilBertConfig, *, num_region_classes: int = 1601) -> None:
+    def __init__(self, config: VilBertConfig, *, num_region_classes: int | None = None) -> None:
         super().__init__()
+        if num_region_classes is not None:
+            config = dataclasses.replace(config, num_region_classes=num_region_classes)
         self.config = config
         eps = config.layer_norm_eps
         self.vilbert = VilBertModel(config)
         self.mlm_head = MaskedLMHead(self.vilbert.text_embeddings.token, layer_norm_eps=eps)
         self.region_head = RegionClassHead(
-            config.visual_hidden_size, num_classes=num_region_classes, layer_norm_eps=eps
+            config.visual_hidden_size, num_classes=config.num_region_classes, layer_norm_eps=eps
         )
         self.align_dropout = nn.Dropout(config.hidden_dropout)
         self.align_head = MatchingHead(config.bi_hidden_size)
@@ -107,7 +112,7 @@ class VilBertForPreTraining(nn.Module):
             image_feature=image_feature,
             output_attentions=output_attentions,
         )
-        aligned = self.align_dropout(out.pooled * out.pooled_visual)  # (B, bi_hidden)
+        aligned = self.align_dropout(out.joint)  # (B, bi_hidden)
         return VilBertPreTrainingOutput(
             text_hidden=out.text_hidden,
             visual_hidden=out.visual_hidden,

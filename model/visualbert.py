@@ -3,7 +3,7 @@
 Every element of the joint sequence is an embedding sum, then one LayerNorm and dropout over the
 whole concatenation (so text and regions are normalised alike, as in the Hugging Face reference):
 - a text token: word + position (0..T-1) + token type (segment, 0 by default);
-- a region: Linear(feature) + visual token type (segment, 1 by default: the authors' choice) +
+- a region: Linear(feature) + visual token type (segment: `config.visual_segment` by default) +
   visual position. Without word alignment every region takes row 0 of the visual position table.
   With `word_aligned_regions` a region aligned to words additionally takes the mean of the *text*
   position embeddings of those words (the paper's position tied to aligned words, B.2; the paper
@@ -24,6 +24,7 @@ Module tree (our state_dict names, a public API; L = num_layers):
     layers.{i}.ffn_out              Linear(intermediate, H)
     layers.{i}.ffn_norm             LayerNorm(H)     post-norm after the feed-forward residual
     pooler                          Linear(H, H)     tanh over the first ([CLS]) position
+    additional_layer.*              a layer as above, with `bypass_transformer` only
 
 Checkpoint interop with `transformers.VisualBertModel` (and the `visual_bert.` backbone of its
 task models) is by the explicit name table in model/checkpoints/visualbert.py.
@@ -59,6 +60,14 @@ class VisualBertConfig:
     pad_token_id: the [PAD] WordPiece, whose embedding row starts at zero and gets no gradient.
     word_aligned_regions: regions get the mean text position embedding of the words aligned to
         them (`region_word_alignment` in forward, required when this is set).
+    visual_segment: the segment id of every region when forward gets no `visual_token_type_ids`:
+        1 as Hugging Face (and our pretraining), 0 as the authors' code, whose released
+        checkpoints were trained so (their NLVR2 data alone gives the two images 0 and 1).
+    num_answers: the answer classes of VisualBertForQuestionAnswering (VQA v2: 3129); no other
+        model reads it.
+    bypass_transformer: the text alone through the `num_layers` layers, then one more layer
+        (`additional_layer`) over [text states; region embeddings]: an option of the authors'
+        code and of Hugging Face's (none of the authors' released configs sets it).
     """
 
     vocab_size: int = 30522
@@ -75,6 +84,9 @@ class VisualBertConfig:
     initializer_range: float = 0.02
     pad_token_id: int = 0
     word_aligned_regions: bool = False
+    visual_segment: int = 1
+    num_answers: int = 3129
+    bypass_transformer: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -215,6 +227,7 @@ class VisualBertModel(nn.Module):
         self.embeddings = VisualBertEmbeddings(config)
         self.layers = nn.ModuleList(VisualBertLayer(config) for _ in range(config.num_layers))
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.additional_layer = VisualBertLayer(config) if config.bypass_transformer else None
         self.apply(self._init_weights)
         # The reference starts the visual segment and position tables as copies of the text ones.
         with torch.no_grad():
@@ -254,9 +267,10 @@ class VisualBertModel(nn.Module):
         token_type_ids (B, T) long, or None for all 0; features (B, N, D) float; boxes (B, N, 4):
         unused, VisualBERT has no geometry; region_mask (B, N) {0, 1}, 1 = real region, or None: no
         region is padding (with attention_mask None too, attention runs unmasked);
-        visual_token_type_ids (B, N) long, or None for all 1 (NLVR2 gives each image its own
-        segment); region_word_alignment (B, N, A) long: indices of the text positions aligned to
-        each region, -1 padded, required exactly when `config.word_aligned_regions`;
+        visual_token_type_ids (B, N) long, or None for all `config.visual_segment` (NLVR2 gives
+        each image its own segment); region_word_alignment (B, N, A) long: indices of the text
+        positions aligned to each region, -1 padded, required exactly when
+        `config.word_aligned_regions`;
         output_attentions: also return per-layer attention maps.
         """
         del boxes  # geometry is not part of VisualBERT
@@ -274,10 +288,14 @@ class VisualBertModel(nn.Module):
                 f"region_word_alignment shape {tuple(region_word_alignment.shape)} "
                 f"does not start with (B, N) = {(B, N)}"
             )
+        if output_attentions and self.config.bypass_transformer:
+            raise ValueError("output_attentions is not available with bypass_transformer")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         if visual_token_type_ids is None:
-            visual_token_type_ids = torch.ones(B, N, dtype=torch.long, device=input_ids.device)
+            visual_token_type_ids = torch.full(
+                (B, N), self.config.visual_segment, dtype=torch.long, device=input_ids.device
+            )
 
         x = self.embeddings(
             input_ids, token_type_ids, features, visual_token_type_ids, region_word_alignment
@@ -292,9 +310,19 @@ class VisualBertModel(nn.Module):
             ], dim=1), compute_dtype(x))
 
         maps = []
-        for layer in self.layers:
-            x, probs = layer(x, keep, output_attentions)
-            maps.append(probs)
+        if self.additional_layer is not None:
+            # the text alone through the stack; the regions join for the additional layer only
+            text_keep = None if attention_mask is None else key_mask(
+                attention_mask.bool(), compute_dtype(x)
+            )
+            text = x[:, :T]
+            for layer in self.layers:
+                text, _ = layer(text, text_keep, False)
+            x, _ = self.additional_layer(torch.cat([text, x[:, T:]], dim=1), keep, False)
+        else:
+            for layer in self.layers:
+                x, probs = layer(x, keep, output_attentions)
+                maps.append(probs)
 
         pooled = torch.tanh(self.pooler(x[:, 0]))  # (B, H)
         return VisualBertOutput(

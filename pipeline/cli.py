@@ -29,7 +29,7 @@ from pipeline.bench import command as bench
 from pipeline.common.arguments import formatter_for
 from pipeline.common.config import ConfigError
 from pipeline.common.config_help import show_config
-from pipeline.common.ray_session import RayStartError
+from pipeline.common.ray_session import RayStartError, check_address
 from pipeline.corpus import command as corpus
 from pipeline.corpus.config import CorpusError
 from pipeline.datasets import DatasetError
@@ -170,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         for url in named:  # an object store that cannot be used is said at once, not after retries
             check_reachable(url)
+        if getattr(args, "address", None):  # so is a cluster address, before the inputs are read
+            check_address(args.address)
         return VERBS[args.verb].run(args)
     except KeyboardInterrupt:
         # The verbs leave nothing half-written (shards, checkpoints and corpora are renamed into

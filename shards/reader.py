@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch.utils.data
 
+from shards.digests import check_sample, recorded_digests
 from shards.schema import Sample, SchemaError, decode_sample
 from shards.storage import Location, as_path, sort_paths
 from shards.tar_headers import headers
@@ -172,6 +173,21 @@ def group_by_key(
         yield (*current, group)
 
 
+def as_recorded(
+    groups: Iterable[tuple[Location, str, dict[str, bytes]]],
+) -> Iterator[tuple[Location, str, dict[str, bytes]]]:
+    """The groups, each checked against the digest its shard's stats file recorded (a changed
+    sample raises SchemaError naming shard and key; shards.digests)."""
+    recorded: dict[str, str] = {}
+    current = None
+    for shard, key, members in groups:
+        if shard != current:
+            current, recorded = shard, recorded_digests(shard)
+        if key in recorded:
+            check_sample(shard, key, members, recorded[key])
+        yield shard, key, members
+
+
 def decode_samples(groups: Iterable[tuple[Location, str, dict[str, bytes]]]) -> Iterator[Sample]:
     """Samples from grouped members: .npy with allow_pickle=False, JSON; pickles are refused.
     Not validated (see decode_checked)."""
@@ -230,7 +246,7 @@ def iter_samples(
     if shuffle > 0:
         shards = shuffle_shards(shards, seed, epoch)
     shards, worker = split_by_worker(split_by_node(shards, rank, world_size))
-    samples = decode_samples(group_by_key(iter_members(shards)))
+    samples = decode_samples(as_recorded(group_by_key(iter_members(shards))))
     if shuffle > 0:
         samples = shuffle_buffer(samples, shuffle, random.Random(f"{seed}-{epoch}-{rank}-{worker}"))
     return samples

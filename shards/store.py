@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from shards.digests import check_sample, recorded_digests
 from shards.reader import check_end_marker, decode_checked, list_shards, unreadable_tar
 from shards.schema import Sample, SchemaError, make_key
 from shards.storage import Location, as_path, is_url, read_range, write_atomic
@@ -108,8 +109,9 @@ class FeatureStore:
     """Samples of a shard directory by key: `store[key]`, `key in store`, `len(store)`, `keys()`.
 
     directory: holds the `*.tar` shards. max_open_files bounds the open shard descriptors (LRU).
-    A sample is validated as it is read (reader.decode_checked): a corrupt one raises SchemaError
-    naming its shard's path and its key.
+    A sample is validated as it is read (reader.decode_checked) and checked against the digest its
+    writer recorded (shards.digests): a corrupt or changed one raises SchemaError naming its
+    shard's path and its key.
     """
 
     def __init__(self, directory: str | os.PathLike, *, max_open_files: int = 64):
@@ -119,6 +121,7 @@ class FeatureStore:
         if self.shards == [self.directory] and not self.directory.exists():
             raise SchemaError(f"{self.directory}: no such shard directory")
         self.max_open_files = max_open_files
+        self._recorded: dict[int, dict[str, str]] = {}
         index = self._load_index()
         self._keys, self._shard = index["keys"], index["shard"]
         self._offset, self._length = index["offset"], index["length"]
@@ -183,7 +186,15 @@ class FeatureStore:
                     raise tarfile.ReadError("unexpected end of data")
         except tarfile.TarError as e:
             raise unreadable_tar(path, key, e) from e
+        if (recorded := self._digests(shard).get(key)) is not None:
+            check_sample(path, key, members, recorded)
         return decode_checked(path, key, members)
+
+    def _digests(self, shard: int) -> dict[str, str]:
+        """The recorded digests of a shard's samples (shards.digests), read at its first use."""
+        if shard not in self._recorded:
+            self._recorded[shard] = recorded_digests(self.shards[shard])
+        return self._recorded[shard]
 
     def get_image(self, dataset: str, image_id: str) -> Sample:
         """The sample of `image_id` in `dataset` (the key is built with schema.make_key)."""

@@ -311,10 +311,23 @@ def _corrupt(path, text):
     path.write_text(text)
 
 
+def test_every_missing_file_is_named_at_once(world, tmp_path):
+    root = _copy_annotations(world, tmp_path / "w")
+    gone = ["vg/region_descriptions.json", "coco/annotations/captions_train2014.json",
+            "vqa/v2_OpenEnded_mscoco_train2014_questions.json",
+            "vqa/v2_mscoco_val2014_annotations.json", "vg/image_data.json"]
+    for relative in gone:
+        (root / relative).unlink()
+    with pytest.raises(CorpusError) as err:
+        build_corpus(_config(root), tmp_path / "out", progress=False, echo=lambda _: None)
+    assert str(err.value).startswith("5 configured file(s) not found")
+    assert all(str(root / relative) in str(err.value) for relative in gone)
+
+
 @pytest.mark.parametrize(
     "relative, text, message",
     [
-        ("vg/region_descriptions.json", None, "file not found"),
+        ("vg/region_descriptions.json", None, "1 configured file(s) not found"),
         ("vg/region_descriptions.json", '[{"id": 1, "regions": [', "not valid JSON"),
         ("vg/image_data.json", '{"image_id": 1}', "expected a JSON list at the top level"),
         ("vg/question_answers.json", '[{"qas": []}]', "entry 0 has no int 'id' or 'image_id'"),

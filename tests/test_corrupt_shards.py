@@ -84,6 +84,14 @@ def json_broken(shard: Path) -> None:
     _rewrite_member(shard, f"{KEY}.json", lambda payload: payload[: len(payload) // 2])
 
 
+def feature_byte_flipped(shard: Path) -> None:
+    # A sound tar and a valid sample, one feature value changed in place (a flipped bit on a disk
+    # or in an upload): only the digest its writer recorded tells. Training used to read it.
+    data = bytearray(shard.read_bytes())
+    data[_member(shard, f"{KEY}.features.npy").offset_data + 128 + 3] ^= 0x10
+    shard.write_bytes(bytes(data))
+
+
 def tar_cut_in_a_member(shard: Path) -> None:
     data = shard.read_bytes()
     shard.write_bytes(data[: _member(shard, f"{KEY}.features.npy").offset_data + 40])
@@ -105,6 +113,7 @@ CORRUPTIONS = {
     npy_shape_damaged: (KEY, KEY, 6),
     npy_data_truncated: (KEY, KEY, 6),
     json_broken: (KEY, KEY, 6),
+    feature_byte_flipped: (KEY, KEY, 6),
     tar_cut_in_a_member: (None, KEY, 4),
     not_a_tar: (None, None, 3),
     not_a_tar_but_tar_sized: (None, None, 3),

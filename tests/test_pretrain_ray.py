@@ -67,3 +67,46 @@ def test_two_workers_killed_and_resumed(pretrain_world, tmp_path):
         assert got[step] == expected[step], f"step {step} differs after the resume"
     val = [[r for r in read_metrics(d) if r.get("split") == "val"][-1] for d in (whole, broken)]
     assert val[0] == val[1]
+
+
+CTRL_C = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal, not a background job
+from pipeline.cli import command
+sys.argv = ["pipeline", *sys.argv[1:]]
+sys.exit(command())
+"""
+
+
+def test_ctrl_c_on_two_workers_is_the_one_line_and_130(pretrain_world, tmp_path):
+    """Ray Train's own SIGINT handler aborted the run silently and exited 1; now the verb says how
+    to go on, exits 130, and leaves no worker (Ray's processes are in the command's group)."""
+    run = tmp_path / "run"
+    shards = ",".join(str(s) for s in pretrain_world.shards)
+    command = [sys.executable, "-c", CTRL_C, "pretrain", "--config",
+               str(CONFIGS / "lxmert_tiny.yaml"), "--out", str(run),
+               "--set", f"data.corpus={pretrain_world.corpus}", "--set", f"data.shards=[{shards}]"]
+    for item in [*SETS[:-1], "run.max_steps=1000", "run.checkpoint_every=2"]:
+        command += ["--set", item]
+    process = subprocess.Popen(command, start_new_session=True, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_step(run, 3, process, timeout=600)
+        os.killpg(process.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole group
+        _, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert process.returncode == 130, err
+    assert err.rstrip("\n").split("\n")[-1] == (
+        "pipeline: interrupted; run the same command with --resume to continue from the last "
+        "checkpoint (from step 0 if none was written yet)"), err
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # Ray's processes end with the driver
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("processes of the run are left in its group")

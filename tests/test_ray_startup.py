@@ -127,13 +127,69 @@ def test_a_slow_ray_start_says_what_it_waits_for(monkeypatch, capsys, tmp_path):
     (tmp_path / "gcs_server.out").write_text("")
     assert ray_session.started_processes(tmp_path) == ["GCS"]
     monkeypatch.setattr(ray_session, "started_processes", lambda: ["GCS"])
-    with ray_session._noting_the_wait("a local Ray", 0.05):
+    with ray_session._noting_the_wait("a local Ray", 0.05, local=True):
         time.sleep(0.18)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) >= 2, lines
     for line in lines:
         assert re.fullmatch(r"ray: still starting a local Ray \(\d+ s\): up: GCS; waiting for: "
                             r"raylet, dashboard agent", line), line
+
+
+def test_joining_a_cluster_says_only_what_it_knows(monkeypatch, capsys):
+    """A cluster's processes are not on this machine: no local Ray's logs are reported as its."""
+    from pipeline.common import ray_session
+
+    monkeypatch.setattr(ray_session, "started_processes", lambda: ["GCS", "raylet"])
+    with ray_session._noting_the_wait("the cluster at 10.0.0.1:6379", 0.05, local=False):
+        time.sleep(0.12)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(re.fullmatch(r"ray: still joining the cluster at 10\.0\.0\.1:6379 "
+                                      r"\(\d+ s\)", line) for line in lines), lines
+
+
+@pytest.mark.parametrize("verb", ["pretrain", "extract", "finetune"])
+def test_an_address_where_no_ray_answers_is_one_line(verb, tmp_path, monkeypatch, capsys):
+    """Ray retries an address where nothing listens for ever (it printed 'still starting' for
+    7 minutes): nothing accepting a connection within the timeout stops the run, exit 2."""
+    import socket
+
+    with socket.socket() as unused:  # a port of this machine that nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    address = f"127.0.0.1:{port}"
+    monkeypatch.setenv("PIPELINE_RAY_CONNECT_TIMEOUT", "1")
+    argv = {
+        "pretrain": ["pretrain", "--config", str(CONFIG), "--out", str(tmp_path / "run"),
+                     "--set", "data.corpus=c", "--set", "data.shards=[s]"],
+        "extract": ["extract", "--dataset", "folder", "--root", str(tmp_path), "--out",
+                    str(tmp_path / "feats"), "--random-weights"],
+        "finetune": ["finetune", "nlvr2", "--out", str(tmp_path / "ft"), "--set", "data.root=r"],
+    }[verb]
+    (tmp_path / "one.jpg").write_bytes(b"")
+    for name in ("c", "s", "r"):
+        (tmp_path / name).mkdir()
+    monkeypatch.chdir(tmp_path)
+    from pipeline.common import ray_session
+
+    def no_ray_init(*args, **kwargs):
+        raise AssertionError("ray.init was called for an address where nothing listens")
+
+    monkeypatch.setattr("ray.init", no_ray_init)
+    start = time.monotonic()
+    assert main([*argv, "--address", address]) == 2
+    assert time.monotonic() - start < 30
+    err = capsys.readouterr().err
+    line = (f"pipeline: ray error: no Ray cluster answers at {address}: Connection refused for "
+            "1 s; check the address and that this machine reaches it (the wait: "
+            "$PIPELINE_RAY_CONNECT_TIMEOUT)")
+    assert line in err.splitlines(), err
+    assert ray_session.CONNECT_TIMEOUT_S == 15
+    with socket.socket() as listening:  # an address that answers passes at once
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        ray_session.check_address("ray://127.0.0.1:%d" % listening.getsockname()[1], timeout=5)
+    ray_session.check_address("auto")  # Ray's to resolve
 
 
 @pytest.mark.ray

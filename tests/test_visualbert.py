@@ -300,9 +300,22 @@ def test_mismatches_are_named():
         ours_to_hf_state_dict(ours_sd, config)
 
 
-def test_unsupported_reference_variants_refused():
-    hf_config = transformers.VisualBertConfig(**HF_TINY, bypass_transformer=True).to_dict()
-    with pytest.raises(CheckpointError, match="bypass_transformer"):
+def test_bypass_transformer_loads_and_others_refused():
+    # transformers' bypass_transformer forward fails (IndexError, 5.23): the names and shapes are
+    # checked here, the computation against the authors' code (test_visualbert_original.py).
+    torch.manual_seed(18)
+    hf = transformers.VisualBertModel(
+        transformers.VisualBertConfig(**HF_TINY, bypass_transformer=True)
+    )
+    config = config_from_hf(hf.config.to_dict())
+    assert config.bypass_transformer and config_to_hf(config)["bypass_transformer"]
+    ours = VisualBertModel(config)
+    ours.load_state_dict(hf_to_ours_state_dict(hf.state_dict(), config), strict=True)
+    assert ours_to_hf_state_dict(ours.state_dict(), config).keys() == hf.state_dict().keys()
+    with pytest.raises(ValueError, match="output_attentions"):
+        ours(**make_batch(19), output_attentions=True)
+    hf_config = transformers.VisualBertConfig(**HF_TINY, hidden_act="relu").to_dict()
+    with pytest.raises(CheckpointError, match="hidden_act"):
         config_from_hf(hf_config)
 
 

@@ -30,6 +30,8 @@ from torch import nn
 
 from model.checkpoints import lxmert as lx
 from model.checkpoints import visualbert as vb
+from model.checkpoints import vilbert as vil
+from model.checkpoints import visualbert_original as vbo
 from model.checkpoints.common import (
     CheckpointError,
     check_state,
@@ -46,7 +48,7 @@ OURS_FORMAT = "vlpipe-model-v1"
 HF_MODEL_TYPES = {"lxmert": "lxmert", "visual_bert": "visualbert"}  # config.json model_type -> arch
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".th", ".model")
 # arch -> the module that reads and writes its authors' released files (module docstring)
-OFFICIAL = {"lxmert": lx}
+OFFICIAL = {"lxmert": lx, "visualbert": vbo, "vilbert": vil}
 
 
 
@@ -246,12 +248,14 @@ def _read_ours(path: Path, drop_heads: bool, notes: list[str]) -> tuple[Any, dic
         if owner in state:
             state[alias] = state[owner]
     check_state(state, shapes_of(classes[model], config), f"{path} ({model})")
-    if drop_heads and model == "LxmertForPreTraining":
-        notes.append(f"dropped the heads: {_heads_of(state)}")
-        state = {
-            n.removeprefix(lx.BACKBONE): t for n, t in state.items() if n.startswith(lx.BACKBONE)
-        }
-        config, model = lx.without_heads(config), "LxmertModel"
+    encoder = ARCHS[arch].encoder.__name__
+    if drop_heads and model != encoder:
+        backbone = ARCHS[arch].encoder_attr + "."
+        notes.append(f"dropped the heads: {_heads_of(state, backbone)}")
+        state = {n.removeprefix(backbone): t for n, t in state.items() if n.startswith(backbone)}
+        if arch == "lxmert":
+            config = lx.without_heads(config)
+        model = encoder
     return config, state, model
 
 
@@ -274,12 +278,8 @@ def _read_hf(path: Path, arch: str, drop_heads: bool, notes: list[str]) -> tuple
             config = lx.without_heads(config)
         state = _with_hint(lx.hf_to_ours_state_dict, what, heads)(state, config, heads=heads)
         return config, state, "LxmertForPreTraining" if heads else "LxmertModel"
-    config = vb.config_from_hf(hf_config)
-    _, rest = vb.split_heads(state)
-    if rest and drop_heads:
-        notes.append(f"dropped the heads: {', '.join(sorted({n.split('.')[0] for n in rest}))}")
-    convert = _with_hint(vb.hf_to_ours_state_dict, what, bool(rest))
-    return config, convert(state, config, drop_heads=drop_heads), "VisualBertModel"
+    read = _with_hint(vb.read_hf, what, bool(vb.split_heads(state)[1]))
+    return read(hf_config, state, drop_heads=drop_heads, notes=notes)
 
 
 def _with_hint(convert, source: str | None, has_heads: bool):
@@ -292,7 +292,7 @@ def _with_hint(convert, source: str | None, has_heads: bool):
         except CheckpointError as err:
             hint = (
                 "\n(drop_heads=True, or --drop-heads, keeps the backbone alone)"
-                if has_heads
+                if has_heads and "unexpected" in str(err)
                 else ""
             )
             raise CheckpointError(f"{source + ': ' if source else ''}{err}{hint}") from None
@@ -358,12 +358,7 @@ def save_hf(out: str | Path, arch: str, config: Any, state_dict: dict[str, torch
             del hf_state[lx.TIED["hf"][0]]
         hf_config = {**lx.config_to_hf(config), "model_type": "lxmert", "architectures": [model]}
     elif arch == "visualbert":
-        hf_state = vb.ours_to_hf_state_dict(state_dict, config)
-        hf_config = {
-            **vb.config_to_hf(config),
-            "model_type": "visual_bert",
-            "architectures": [model],
-        }
+        hf_state, hf_config = vb.write_hf(config, state_dict, model)
     else:
         raise CheckpointError(
             f"{arch}: transformers has no {arch} model to export to; use our format (--to ours)"

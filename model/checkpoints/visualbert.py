@@ -1,20 +1,30 @@
-"""VisualBERT weights: `transformers.VisualBertModel` names, both ways (pure functions of state dicts).
+"""VisualBERT weights: `transformers` names, both ways (pure functions of state dicts).
 
 The table `hf_names` maps each of our tensor names (model/visualbert.py's module tree) to the
 Hugging Face one; the backbone of Hugging Face's task and pretraining models is the same under
-`visual_bert.`. Conversions are strict: CheckpointError names every missing, unexpected and
-mis-shaped tensor.
+`visual_bert.`. `model_hf_names` adds the heads: each Hugging Face VisualBERT class with heads has
+a class of ours of the same name (model/visualbert_pretraining.py, model/visualbert_tasks.py), and
+`read_hf` / `write_hf` move a whole directory's model either way. Conversions are strict:
+CheckpointError names every missing, unexpected and mis-shaped tensor.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
+from torch import nn
 
-from model.checkpoints.common import CheckpointError, check_state
-from model.visualbert import VisualBertConfig
+from model.checkpoints.common import CheckpointError, check_state, shapes_of
+from model.visualbert import VisualBertConfig, VisualBertModel
+from model.visualbert_pretraining import VisualBertForPreTraining
+from model.visualbert_tasks import (
+    VisualBertForMultipleChoice,
+    VisualBertForQuestionAnswering,
+    VisualBertForRegionToPhraseAlignment,
+    VisualBertForVisualReasoning,
+)
 
 HF_PREFIX = "visual_bert."  # the backbone inside VisualBertForPreTraining and the task models
 
@@ -50,10 +60,13 @@ _HF_LAYER = {  # ours under layers.{i}. -> theirs under encoder.layer.{i}.
 def hf_names(config: VisualBertConfig) -> dict[str, str]:
     """Our state_dict name -> the `transformers.VisualBertModel` name, for every tensor."""
     table = dict(_HF_EMBEDDINGS)
-    for i in range(config.num_layers):
+    layers = {f"layers.{i}.": f"encoder.layer.{i}." for i in range(config.num_layers)}
+    if config.bypass_transformer:
+        layers["additional_layer."] = "additional_layer."
+    for ours_layer, hf_layer in layers.items():
         for ours, theirs in _HF_LAYER.items():
             for p in ("weight", "bias"):
-                table[f"layers.{i}.{ours}.{p}"] = f"encoder.layer.{i}.{theirs}.{p}"
+                table[f"{ours_layer}{ours}.{p}"] = f"{hf_layer}{theirs}.{p}"
     return table
 
 
@@ -74,7 +87,8 @@ def expected_shapes(config: VisualBertConfig) -> dict[str, tuple[int, ...]]:
         "pooler.weight": (h, h),
         "pooler.bias": (h,),
     }
-    for n in range(config.num_layers):
+    layers = [f"layers.{n}." for n in range(config.num_layers)]
+    for prefix in layers + (["additional_layer."] if config.bypass_transformer else []):
         layer = {
             "attention.query": (h, h),
             "attention.key": (h, h),
@@ -86,8 +100,8 @@ def expected_shapes(config: VisualBertConfig) -> dict[str, tuple[int, ...]]:
             "ffn_norm": (h,),
         }
         for name, w in layer.items():
-            shapes[f"layers.{n}.{name}.weight"] = w
-            shapes[f"layers.{n}.{name}.bias"] = (w[0],)
+            shapes[f"{prefix}{name}.weight"] = w
+            shapes[f"{prefix}{name}.bias"] = (w[0],)
     return shapes
 
 
@@ -145,11 +159,9 @@ def ours_to_hf_state_dict(
 def config_from_hf(hf: Mapping, **overrides) -> VisualBertConfig:
     """Our config from a `transformers` VisualBertConfig as a dict (its config.json).
 
-    Refuses the variants this model does not implement (bypass_transformer, another activation).
-    `overrides` sets what Hugging Face does not record, e.g. word_aligned_regions=True.
+    Refuses another activation than erf GELU. `overrides` sets what Hugging Face does not
+    record, e.g. word_aligned_regions=True.
     """
-    if hf.get("bypass_transformer", False):
-        raise CheckpointError("bypass_transformer=True is not implemented by VisualBertModel")
     if hf.get("hidden_act", "gelu") != "gelu":
         act = hf["hidden_act"]
         raise CheckpointError(f"hidden_act {act!r} is not supported (only erf 'gelu')")
@@ -171,6 +183,7 @@ def config_from_hf(hf: Mapping, **overrides) -> VisualBertConfig:
         attention_dropout=hf["attention_probs_dropout_prob"],
         initializer_range=hf.get("initializer_range", 0.02),
         pad_token_id=pad,
+        bypass_transformer=bool(hf.get("bypass_transformer", False)),
     )
     return dataclasses.replace(VisualBertConfig(**fields), **overrides)
 
@@ -191,6 +204,131 @@ def config_to_hf(config: VisualBertConfig) -> dict:
         attention_probs_dropout_prob=config.attention_dropout,
         initializer_range=config.initializer_range,
         hidden_act="gelu",
-        bypass_transformer=False,
+        bypass_transformer=config.bypass_transformer,
         pad_token_id=config.pad_token_id,
     )
+
+
+# --- whole models, heads included ----------------------------------------------------------------
+
+CLASSES: dict[str, type[nn.Module]] = {  # the Hugging Face class name is ours too
+    cls.__name__: cls
+    for cls in (
+        VisualBertModel,
+        VisualBertForPreTraining,
+        VisualBertForQuestionAnswering,
+        VisualBertForVisualReasoning,
+        VisualBertForMultipleChoice,
+        VisualBertForRegionToPhraseAlignment,
+    )
+}
+BACKBONE = "visualbert."  # our heads' models keep the encoder there (ARCHS' encoder_attr)
+
+_PRETRAINING_HEADS = {  # ours -> Hugging Face, modules (weight and bias) or single tensors
+    "mlm_head.transform.dense": "cls.predictions.transform.dense",
+    "mlm_head.transform.norm": "cls.predictions.transform.LayerNorm",
+    "mlm_head.bias": "cls.predictions.bias",
+    "match_head.classifier": "cls.seq_relationship",
+}
+_HF_HEADS: dict[str, dict[str, str]] = {
+    "VisualBertModel": {},
+    "VisualBertForPreTraining": _PRETRAINING_HEADS,
+    "VisualBertForQuestionAnswering": {"answer_head": "cls"},
+    "VisualBertForVisualReasoning": {"reasoning_head": "cls"},
+    "VisualBertForMultipleChoice": {"choice_head": "cls"},
+    "VisualBertForRegionToPhraseAlignment": {
+        **_PRETRAINING_HEADS,
+        **{f"alignment.{p}": f"attention.{p}" for p in ("query", "key", "value")},
+    },
+}
+# The masked-LM decoder IS the word table (one Parameter): our state dict lists it under both
+# names, Hugging Face ties `decoder.weight` to the word table and `decoder.bias` to `bias`.
+TIED_DECODER = "mlm_head.decoder.weight"
+_HF_TIED = {  # Hugging Face alias -> its owner
+    "cls.predictions.decoder.weight": HF_PREFIX + "embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+
+
+def model_hf_names(config: VisualBertConfig, model: str) -> dict[str, str]:
+    """Our state_dict name -> the Hugging Face one, for every tensor of our class `model` but
+    the tied decoder (which is the word table under a second name)."""
+    if model == "VisualBertModel":
+        return hf_names(config)
+    table = {BACKBONE + o: HF_PREFIX + t for o, t in hf_names(config).items()}
+    ours = shapes_of(CLASSES[model], config)
+    for o, t in _HF_HEADS[model].items():
+        for suffix in ("", ".weight", ".bias"):
+            if o + suffix in ours:
+                table[o + suffix] = t + suffix
+    missing = set(ours) - set(table) - {TIED_DECODER}
+    assert not missing, f"no Hugging Face name for {sorted(missing)}"
+    return table
+
+
+def hf_class(hf_config: Mapping, names: Collection[str]) -> str:
+    """The Hugging Face class a directory holds: its config's `architectures` when that names a
+    VisualBERT class, else what its tensors tell (two-label question answering and visual
+    reasoning look alike: VisualBertForQuestionAnswering is assumed)."""
+    for arch in hf_config.get("architectures") or ():
+        if arch in CLASSES:
+            return arch
+    if "attention.query.weight" in names:
+        return "VisualBertForRegionToPhraseAlignment"
+    if "cls.predictions.bias" in names:
+        return "VisualBertForPreTraining"
+    if "cls.weight" in names:
+        return "VisualBertForQuestionAnswering"
+    return "VisualBertModel"
+
+
+def read_hf(
+    hf_config: Mapping, raw: Mapping[str, torch.Tensor], *, drop_heads: bool, notes: list[str]
+) -> tuple[VisualBertConfig, dict[str, torch.Tensor], str]:
+    """A Hugging Face directory's config.json and tensors -> (our config, our state dict, the name
+    of our class that loads it strictly). drop_heads keeps the VisualBertModel alone.
+
+    The class comes from `hf_class`; a tied alias (the decoder's weight and bias) in the file
+    must equal its owner. Raises CheckpointError naming every missing, unexpected or mis-shaped
+    tensor, in the file's names.
+    """
+    model = hf_class(hf_config, raw)
+    if not set(hf_config.get("architectures") or ()) & set(CLASSES):
+        notes.append(f"config.json names no VisualBERT class: {model}, from the tensor names")
+    answers = {}
+    if model == "VisualBertForQuestionAnswering":  # config.json's labels, or the head's rows
+        rows = raw["cls.weight"].shape[0] if "cls.weight" in raw else None
+        answers["num_answers"] = rows or len(hf_config.get("id2label") or {}) or 2
+    config = config_from_hf(hf_config, **answers)
+    state = {k: t for k, t in raw.items() if k.removeprefix(HF_PREFIX) not in HF_IGNORED}
+    if drop_heads and model != "VisualBertModel":
+        heads = sorted({k.split(".")[0] for k in state if not k.startswith(HF_PREFIX)})
+        notes.append(f"dropped the heads of {model}: {', '.join(heads)}")
+        return config, hf_to_ours_state_dict(raw, config, drop_heads=True), "VisualBertModel"
+    for alias, owner in _HF_TIED.items():
+        if alias in state and owner in state:
+            if not torch.equal(state[alias], state[owner]):
+                raise CheckpointError(f"{alias} differs from {owner}: the decoder is not tied")
+            del state[alias]
+    names = model_hf_names(config, model)
+    shapes = shapes_of(CLASSES[model], config)
+    check_state(state, {t: shapes[o] for o, t in names.items()}, f"Hugging Face {model}")
+    ours = {o: state[t] for o, t in names.items()}
+    if model in ("VisualBertForPreTraining", "VisualBertForRegionToPhraseAlignment"):
+        ours[TIED_DECODER] = ours[BACKBONE + "embeddings.word.weight"]
+    return config, ours, model
+
+
+def write_hf(
+    config: VisualBertConfig, state: Mapping[str, torch.Tensor], model: str
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """Our state dict of class `model` -> (the Hugging Face state dict, its config.json), which
+    `transformers.<model>.from_pretrained` loads with no missing or unexpected weight (it ties
+    the decoder itself, so the file holds the word table once)."""
+    names = model_hf_names(config, model)
+    expected = shapes_of(CLASSES[model], config)
+    check_state(state, expected, f"{model} state dict")
+    hf_config = {**config_to_hf(config), "model_type": "visual_bert", "architectures": [model]}
+    if model == "VisualBertForQuestionAnswering":
+        hf_config["num_labels"] = config.num_answers
+    return {t: state[o] for o, t in names.items()}, hf_config

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -29,6 +30,11 @@ class RayStartError(RuntimeError):
 
 
 WAIT_NOTE = 15.0  # seconds between "still starting" lines
+# How long a cluster address may take to accept a connection before the run stops (seconds).
+CONNECT_TIMEOUT_VARIABLE = "PIPELINE_RAY_CONNECT_TIMEOUT"
+CONNECT_TIMEOUT_S = 15.0
+ADDRESS_HELP = (f"(one that accepts no connection within ${CONNECT_TIMEOUT_VARIABLE} seconds, "
+                f"default {CONNECT_TIMEOUT_S:g}, stops the run)")
 # The second try's wait for the raylet to register (Ray's default: 10 s), in seconds.
 RETRY_RAYLET_WAIT_S = "60"
 # Ray's processes, by the log file each writes once it runs (in the session's logs folder).
@@ -41,17 +47,47 @@ def started_processes(logs: Path = Path("/tmp/ray/session_latest/logs")) -> list
     return [name for name, log in PROCESSES if (logs / log).exists()]
 
 
+def check_address(address: str, timeout: float | None = None) -> None:
+    """Raise RayStartError when nothing at a cluster's HOST:PORT (or ray://HOST:PORT) accepts a
+    TCP connection within `timeout` seconds (default: $PIPELINE_RAY_CONNECT_TIMEOUT, else 15).
+    Ray itself retries such an address for ever. "auto" and "local" are Ray's to resolve."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return
+    if timeout is None:
+        timeout = float(os.environ.get(CONNECT_TIMEOUT_VARIABLE, CONNECT_TIMEOUT_S))
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=max(left, 0.1)).close()
+            return
+        except OSError as err:
+            reason = err.strerror or str(err) or type(err).__name__
+        if left <= 0:
+            raise RayStartError(
+                f"no Ray cluster answers at {address}: {reason} for {timeout:g} s; check the "
+                f"address and that this machine reaches it (the wait: ${CONNECT_TIMEOUT_VARIABLE})"
+            )
+        time.sleep(min(0.5, max(left, 0)))
+
+
 @contextmanager
-def _noting_the_wait(what: str, every: float):
-    """While the body runs, a line every `every` seconds: how long, and which processes are up."""
+def _noting_the_wait(what: str, every: float, local: bool):
+    """While the body runs, a line every `every` seconds: how long, and (a local Ray) which of
+    its processes are up; a cluster's processes are not on this machine to look at."""
     done = threading.Event()
     start = time.perf_counter()
 
     def note() -> None:
         while not done.wait(every):
+            waited = f"({time.perf_counter() - start:.0f} s)"
+            if not local:
+                say(f"still joining {what} {waited}")
+                continue
             up = started_processes()
             missing = [name for name, _ in PROCESSES if name not in up]
-            say(f"still starting {what} ({time.perf_counter() - start:.0f} s): up: "
+            say(f"still starting {what} {waited}: up: "
                 f"{', '.join(up) or 'none yet'}; waiting for: {', '.join(missing) or 'its node'}")
 
     thread = threading.Thread(target=note, daemon=True)
@@ -89,6 +125,8 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
 
     what = f"the cluster at {address}" if address else "a local Ray"
     say(f"{'joining' if address else 'starting'} {what}...")
+    if address:
+        check_address(address)
     start = time.perf_counter()
     quiet = {} if ray_logs else {
         "logging_level": logging.ERROR, "logging_config": ray.LoggingConfig(log_level="ERROR")
@@ -96,7 +134,7 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
     tries = 1 if address else 2
     for attempt in range(1, tries + 1):
         try:
-            with _noting_the_wait(what, WAIT_NOTE):
+            with _noting_the_wait(what, WAIT_NOTE, local=not address):
                 ray.init(address=address or "local", include_dashboard=False,
                          log_to_driver=ray_logs or forward is not None, **quiet)
             break

@@ -42,9 +42,9 @@ from pipeline.corpus.splits import Placement, choose_minival
 Texts = dict[str, dict[str, dict[str, list[tuple[str, dict[str, float] | None]]]]]
 
 
-def active_sources(config: CorpusConfig) -> tuple[list[str], list[str]]:
-    """(the configured sources whose files are set, notes on those skipped), in SOURCES order."""
-    files = {
+def _source_files(config: CorpusConfig) -> dict[str, list[str | None]]:
+    """Each source's configured files (None where unset)."""
+    return {
         "mscoco": [config.coco.captions_train, config.coco.captions_val],
         "vg": [config.vg.region_descriptions],
         "vqa": [config.vqa.questions_train, config.vqa.questions_val],
@@ -52,6 +52,11 @@ def active_sources(config: CorpusConfig) -> tuple[list[str], list[str]]:
         "vgqa": [config.vg.question_answers],
         "cc3m": [config.cc3m.shards],
     }
+
+
+def active_sources(config: CorpusConfig) -> tuple[list[str], list[str]]:
+    """(the configured sources whose files are set, notes on those skipped), in SOURCES order."""
+    files = _source_files(config)
     active, notes = [], []
     for source in SOURCES:
         if source not in config.sources:
@@ -61,6 +66,23 @@ def active_sources(config: CorpusConfig) -> tuple[list[str], list[str]]:
         else:
             notes.append(f"source {source}: no files configured, skipped")
     return active, notes
+
+
+def _check_files(config: CorpusConfig, sources: list[str]) -> None:
+    """Every configured file of the active sources (and vg.image_data) exists: all missing ones
+    named at once, not one per attempt."""
+    by_source = _source_files(config)
+    # COCO's captions and VQA's files place images in splits: read whenever set (CocoFiles, VqaFiles)
+    files = [*by_source["mscoco"], *by_source["vqa"], config.vqa.annotations_train,
+             config.vqa.annotations_val]
+    files += [f for source in sources if source not in ("mscoco", "vqa") for f in by_source[source]]
+    if any(s in sources for s in ("vg", "vgqa", "gqa")):
+        files.append(config.vg.image_data)
+    files = [f for f in files if f is not None]
+    missing = [str(config.path(f)) for f in files if not config.path(f).exists()]
+    if missing:
+        raise CorpusError(f"{len(missing)} configured file(s) not found (root {config.root}):\n  "
+                          + "\n  ".join(missing))
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
@@ -256,6 +278,7 @@ def build_corpus(config: CorpusConfig, out: str | Path, *, overwrite: bool = Fal
     if needs_vg and config.vg.image_data is None:
         raise CorpusError(f"source(s) {', '.join(needs_vg)} need vg.image_data (Visual Genome "
                           "image_data.json, the coco_id join) to be configured")
+    _check_files(config, sources)
     partial = _make_partial(out)
     try:
         texts = collect(config, sources, progress=progress, notes=notes)

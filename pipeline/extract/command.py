@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from pipeline.common.arguments import add_config_args
+from pipeline.common.ray_session import ADDRESS_HELP
 from pipeline.common.config import ConfigError
 from pipeline.datasets import READERS, DatasetError
 from shards.storage import as_path
@@ -65,7 +66,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--address", help="Ray cluster to join, e.g. auto or HEAD_IP:6379 (default: start a "
-        "local Ray for this run)"
+        f"local Ray for this run) {ADDRESS_HELP}"
     )
     group.add_argument(
         "--batch-size", type=int, help="images per detector batch (default 4; features agree "

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -54,6 +54,7 @@ from pipeline.corpus.pair_table import PairTable
 from pipeline.corpus.pairs import Pair
 from pipeline.corpus.read import load_pairs
 from pipeline.pretrain.wanted import WantedKeys
+from shards.digests import check_sample, recorded_digests
 from shards.reader import (
     decode_checked, read_selected, shuffle_buffer, shuffle_shards, split_by_node,
 )
@@ -106,11 +107,13 @@ class JoinReport:
 
 @dataclass(frozen=True)
 class _Shard:
-    """A shard's joined keys in file order and their pair count, from its headers."""
+    """A shard's joined keys in file order and their pair count, from its headers, and their
+    digests from its stats file (shards.digests; empty without one)."""
 
     path: Path
     keys: tuple[str, ...]
     pairs: int
+    digests: Mapping[str, str]
 
 
 def _join(
@@ -136,7 +139,9 @@ def _join(
             where[key] = path
             if key in pairs_by_image:
                 keys.append(key)
-        shards.append(_Shard(path, tuple(keys), sum(map(pairs_by_image.count, keys))))
+        recorded = recorded_digests(path)
+        shards.append(_Shard(path, tuple(keys), sum(map(pairs_by_image.count, keys)),
+                             {key: recorded[key] for key in keys if key in recorded}))
     corpus = set(pairs_by_image)
     missing = sorted(corpus - where.keys())
     untexted = sorted(where.keys() - corpus)
@@ -182,7 +187,7 @@ def joined_members(
     for keys `wanted` (None for the others) and never for unjoined keys (the tar seeks past them).
     `wanted` is asked once per key, in order, a shard's keys before it is opened; a shard with no
     wanted key is not opened. Raises SchemaError when a shard no longer holds the
-    keys its header scan found."""
+    keys its header scan found, or a sample read is not what its writer recorded."""
     for shard in shards:
         picked = {key for key in shard.keys if wanted(key)}
         if not picked:
@@ -190,6 +195,8 @@ def joined_members(
                 yield shard.path, key, None
             continue
         for key, members in read_selected(shard.path, shard.keys, picked.__contains__):
+            if members is not None and key in shard.digests:
+                check_sample(shard.path, key, members, shard.digests[key])
             yield shard.path, key, members
 
 

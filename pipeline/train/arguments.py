@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pipeline.common.arguments import add_config_args
+from pipeline.common.ray_session import ADDRESS_HELP
 
 if TYPE_CHECKING:  # the verbs' parsers are built without torch
     from pipeline.train.job import Job
@@ -34,7 +35,8 @@ def add_training_args(parser: argparse.ArgumentParser, example: str) -> None:
         "machine with a GPU or with --address, else 0; 0 runs in this process without Ray)",
     )
     parser.add_argument(
-        "--address", help="join this Ray cluster (default: start a local Ray for the run)"
+        "--address", help="join this Ray cluster, e.g. auto or HEAD_IP:6379 (default: start a "
+        f"local Ray for the run) {ADDRESS_HELP}"
     )
     parser.add_argument(
         "--ray-logs", action="store_true",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,7 +89,7 @@ def _fit_with_ray(
             ),
         )
         try:
-            trainer.fit()
+            _fit_off_the_main_thread(trainer)
         except WorkerGroupError as err:
             # The lowest failing rank's own exception (after Ray's report of it), so that an error
             # in what the user gave (a checkpoint of another model, say) reads as with --workers 0.
@@ -96,3 +97,26 @@ def _fit_with_ray(
         finally:
             if storage != run_dir:
                 shutil.rmtree(storage, ignore_errors=True)
+
+
+def _fit_off_the_main_thread(trainer: Any) -> None:
+    """`trainer.fit()` in a thread of its own, so that Ctrl-C is this command's: from the main
+    thread Ray Train installs its own SIGINT handler, which aborts the run silently (its log is
+    off) and exits with status 1 whatever the outcome. Here the main thread waits, takes the
+    KeyboardInterrupt, and the Ray session's shutdown ends the workers (a run's actors share the
+    fate of this driver); the verb then prints its line and exits 130. fit's exception, if any,
+    is raised here."""
+    outcome: dict[str, BaseException] = {}
+
+    def fit() -> None:
+        try:
+            trainer.fit()
+        except BaseException as err:  # handed to the main thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=fit, name="ray-train-fit", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)  # a short wait: the main thread takes Ctrl-C between two
+    if "error" in outcome:
+        raise outcome["error"]
