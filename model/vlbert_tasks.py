@@ -119,7 +119,7 @@ class VlBertChoiceHead(nn.Module):
 
 
 class VlBertForMultipleChoice(nn.Module):
-    """VlBertModel (with its pooler) and the authors' VCR heads: choice scores and region classes."""
+    """VlBertModel (with its pooler) and the authors' VCR heads: choice scores, region classes."""
 
     def __init__(self, config: VlBertConfig) -> None:
         super().__init__()

@@ -3,10 +3,10 @@ their released-file layout read, converted and written back (model/checkpoints/v
 
 References (tests/references/vlbert/), made by the authors' code and nothing of ours:
 - repository jackroos/VL-BERT, commit 4373674cbf2bcd6c09a2c26abfdb6705b870e3be;
-- class `pretrain.modules.ResNetVLBERTForPretrainingMultitask` (their `VisualLinguisticBertForPretraining`
-  inside), config `pretrain/function/config.py` defaults with IMAGE_FEAT_PRECOMPUTED true,
-  IMAGE_FINAL_DIM 16, WITH_REL_LOSS false, WITH_MLM_LOSS / WITH_MVRC_LOSS true, *_LOSS_NORM_IN_BATCH_FIRST
-  false, and VLBERT = `TINY_CFG` below (hidden 16, 2 layers, 2 heads, FFN 32, 32 positions, vocab
+- class `pretrain.modules.ResNetVLBERTForPretrainingMultitask` (their
+  `VisualLinguisticBertForPretraining` inside), config `pretrain/function/config.py` defaults with IMAGE_FEAT_PRECOMPUTED true,
+  IMAGE_FINAL_DIM 16, WITH_REL_LOSS false, WITH_MLM_LOSS / WITH_MVRC_LOSS true,
+  *_LOSS_NORM_IN_BATCH_FIRST false, and VLBERT = `TINY_CFG` below (hidden 16, 2 layers, 2 heads, FFN 32, 32 positions, vocab
   40, 9 region classes, with_pooler true, visual_ln true);
 - two widths their code hard-codes shrunk for size: the appearance feature 2048 -> 64 (the
   Linear(2 * 2048, ...) of `common/fast_rcnn.py` and `object_mask_visual_embedding`) and the
@@ -151,8 +151,10 @@ def test_their_pretraining_model_equals_ours_on_every_output_and_loss(reference,
         "text hidden": (out.text_hidden[text], reference["output.text_hidden"][text]),
         "region hidden": (out.visual_hidden[regions], reference["output.object_hidden"][regions]),
         "pooled": (out.pooled, reference["output.pooled"]),
-        "MLM logits (captions)": (logits[:B][text[:B]], reference["output.mlm_logits_wvc"][text[:B]]),
-        "MLM logits (text-only)": (logits[B:][text[B:]], reference["output.mlm_logits_aux"][text[B:]]),
+        "MLM logits (captions)": (logits[:B][text[:B]],
+                                  reference["output.mlm_logits_wvc"][text[:B]]),
+        "MLM logits (text-only)": (logits[B:][text[B:]],
+                                   reference["output.mlm_logits_aux"][text[B:]]),
         "masked RoI logits": (out.region_class_logits[:B][regions[:B]],
                               reference["output.mvrc_logits"][regions[:B]]),
         "loss mlm_wvc": (loss_mlm, reference["output.mlm_loss_wvc"]),
@@ -173,7 +175,8 @@ def test_the_file_reads_off_its_shapes_without_a_config(cfg_file):
     # the one thing the weights do not record is the head count (hidden / 64 assumed)
     assert dataclasses.replace(inferred, num_heads=2) == from_cfg
     assert any("num_heads" in n for n in notes)
-    assert (from_cfg.visual_feat_dim, from_cfg.geometry_dim, from_cfg.num_region_classes) == (64, 64, 9)
+    widths = (from_cfg.visual_feat_dim, from_cfg.geometry_dim, from_cfg.num_region_classes)
+    assert widths == (64, 64, 9)
 
 
 def test_encoder_alone_with_drop_heads_and_written_back_to_their_names(cfg_file):
@@ -302,8 +305,8 @@ def test_their_fine_tuned_models_equal_ours(task, tmp_path):
     same shrunk widths (appearance 64, geometry 64). Their `init_weight` (which loads BERT's MLM
     transform or a ResNet from disk) skipped; `torch.manual_seed(0)` at construction, then every
     parameter redrawn from `torch.Generator().manual_seed(1)` (N(0, 0.1) matrices, N(0, 0.25)
-    vectors, gains around 1). Inputs: the same 2 images (4 and 3 boxes, box 0 the whole image) as the
-    pretraining reference; words (2, 4) with padding; their text as built by their
+    vectors, gains around 1). Inputs: the same 2 images (4 and 3 boxes, box 0 the whole image) as
+    the pretraining reference; words (2, 4) with padding; their text as built by their
     `prepare_text_from_qa` (`[CLS] q [SEP] [MASK] [SEP]`, the answer segment B) or
     `[CLS] expression [SEP]`, caught entering their `VisualLinguisticBert`; VQA soft scores (2, 7),
     RefCOCO+ labels (2, 4). Outputs of their `train_forward` in eval mode: `label_logits` and the
@@ -366,7 +369,8 @@ def test_the_released_layouts_load_strictly_off_their_shapes(name):
     notes: list[str] = []
     config, state, found = vl.read_official(raw, config_file=None, drop_heads=False, notes=notes)
     assert found == model_name
-    assert (config.hidden_size, config.num_layers, config.num_heads) == (hidden, layers, hidden // 64)
+    sizes = (config.hidden_size, config.num_layers, config.num_heads)
+    assert sizes == (hidden, layers, hidden // 64)
     assert (config.visual_feat_dim, config.geometry_dim) == (2048, 2048)
     assert state.keys() == vl.shapes_of(vl.MODELS[found], config).keys()
     if "e2e" in name or name.startswith(("refcoco", "vcr")):

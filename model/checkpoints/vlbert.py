@@ -78,7 +78,7 @@ _PRETRAINING_ONLY = {
 }
 _PRETRAINING_HEADS = ("vlbert.mlm_head.", "vlbert.mvrc_head.", "vlbert.relationsip_head.")
 _TASK_HEADS = ("final_mlp.", "cnn_loss_reg.")  # VCR's CNN regulariser is a training head too
-TIME_DISTRIBUTED = "vlbert._module."  # their VCR model wraps VisualLinguisticBert in TimeDistributed
+TIME_DISTRIBUTED = "vlbert._module."  # their VCR model's VisualLinguisticBert in TimeDistributed
 _LAYER = {  # ours under layers.{i}. -> theirs under vlbert.encoder.layer.{i}.
     "attn.query": "attention.self.query",
     "attn.key": "attention.self.key",
@@ -291,7 +291,8 @@ def read_with_config(
     if model == "VlBertForQuestionAnswering":
         config = dataclasses.replace(config, num_answers=sd["final_mlp.2.weight"].shape[0])
     if model == "VlBertForMultipleChoice":
-        config = dataclasses.replace(config, num_region_classes=sd["cnn_loss_reg.2.weight"].shape[0])
+        classes = sd["cnn_loss_reg.2.weight"].shape[0]
+        config = dataclasses.replace(config, num_region_classes=classes)
     if model in ("VlBertForQuestionAnswering", "VlBertForReferringExpressions",
                  "VlBertForMultipleChoice"):
         notes.append(f"classifier_dropout is not stored: {config.classifier_dropout} assumed "
