@@ -4,10 +4,11 @@ their released-file layout read, converted and written back (model/checkpoints/v
 References (tests/references/vlbert/), made by the authors' code and nothing of ours:
 - repository jackroos/VL-BERT, commit 4373674cbf2bcd6c09a2c26abfdb6705b870e3be;
 - class `pretrain.modules.ResNetVLBERTForPretrainingMultitask` (their
-  `VisualLinguisticBertForPretraining` inside), config `pretrain/function/config.py` defaults with IMAGE_FEAT_PRECOMPUTED true,
-  IMAGE_FINAL_DIM 16, WITH_REL_LOSS false, WITH_MLM_LOSS / WITH_MVRC_LOSS true,
-  *_LOSS_NORM_IN_BATCH_FIRST false, and VLBERT = `TINY_CFG` below (hidden 16, 2 layers, 2 heads, FFN 32, 32 positions, vocab
-  40, 9 region classes, with_pooler true, visual_ln true);
+  `VisualLinguisticBertForPretraining` inside), config `pretrain/function/config.py` defaults
+  with IMAGE_FEAT_PRECOMPUTED true, IMAGE_FINAL_DIM 16, WITH_REL_LOSS false, WITH_MLM_LOSS /
+  WITH_MVRC_LOSS true, *_LOSS_NORM_IN_BATCH_FIRST false, and VLBERT = `TINY_CFG` below (hidden
+  16, 2 layers, 2 heads, FFN 32, 32 positions, vocab 40, 9 region classes, with_pooler true,
+  visual_ln true);
 - two widths their code hard-codes shrunk for size: the appearance feature 2048 -> 64 (the
   Linear(2 * 2048, ...) of `common/fast_rcnn.py` and `object_mask_visual_embedding`) and the
   geometry 256 per coordinate -> 8 (so G = 64); torchvision's RoIAlign for their compiled op
