@@ -22,6 +22,11 @@ from model.visualbert_tasks import (
 )
 from model.vlbert import VlBertConfig, VlBertModel
 from model.vlbert_pretraining import VlBertForPreTraining
+from model.vlbert_tasks import (
+    VlBertForMultipleChoice,
+    VlBertForQuestionAnswering,
+    VlBertForReferringExpressions,
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,11 @@ ARCHS: dict[str, Arch] = {
             VisualBertForRegionToPhraseAlignment,
         ),
     ),
-    "vlbert": Arch(VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert", (VlBertModel,)),
+    "vlbert": Arch(
+        VlBertConfig, VlBertModel, VlBertForPreTraining, "vlbert",
+        (VlBertModel, VlBertForPreTraining, VlBertForQuestionAnswering,
+         VlBertForReferringExpressions, VlBertForMultipleChoice),
+    ),
     "vilbert": Arch(
         VilBertConfig, VilBertModel, VilBertForPreTraining, "vilbert",
         (VilBertModel, VilBertForPreTraining, VilBertForMultiTask, VilBertForBetaTasks),

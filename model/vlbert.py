@@ -22,14 +22,28 @@ Choices the paper leaves open, and what we did:
   The paper's 4-d vector is the normalised corners (x1, y1, x2, y2), our default; the official
   code embeds (cx, cy, w, h) instead: `geometry_box_format="cxcywh"`.
 - Our visual feature embedding is ONE Linear shared by regions and non-visual elements. The
-  official code has Linear(4096 -> 2048) + ReLU inside its Fast R-CNN (with [geometry;
-  appearance] in that order) and then separate 2048 -> 768 projections for text and objects.
+  official code has ReLU(Linear([geometry; appearance] 4096 -> H)) inside its Fast R-CNN, then a
+  LayerNorm for the text and one for the objects (its `visual_1x1_*` projections exist only when
+  IMAGE_FINAL_DIM != hidden_size, which no released cfg has): layout="official" below.
 - A masked RoI (masked RoI classification) has its appearance feature replaced by the learned
   `masked_feature` while its geometry is kept, as in the official code (`mask_visual_embed`);
   the default whole-image feature averages only unmasked regions, our stand-in for the paper's
   zeroing of the masked RoI's pixels, which precomputed features cannot do.
 - `[END]` is a non-visual element, so it gets the whole-image visual embedding (the official
   code gives it none; the paper attaches a visual feature embedding to every element).
+
+The authors' structure (jackroos/VL-BERT, `common/visual_linguistic_bert.py` with the
+`ResNetVLBERT*` wrappers that feed it), `layout="official"`, which their released files load into:
+- region 0 is the whole image (their datasets add it as the first box, its feature the mean of the
+  boxes'), and the text's visual embedding is region 0's; a row with no region at all (their
+  text-only corpus rows) takes the learned `text_only_visual` instead;
+- the visual embedding is `ReLU(Linear([geometry (G); appearance (D)]))` (their Fast R-CNN's
+  `obj_downsample`, geometry first, (cx, cy, w, h)), then a LayerNorm of its own for the text
+  (`visual_text_norm`) and for the regions (`visual_region_norm`);
+- [IMG] and [END] are vectors of their own (`img_token`, `end_token`), not word-table rows; a masked
+  RoI's token is `masked_img_token` (and its appearance `masked_feature`, as here); [END] gets no
+  visual embedding;
+- the pooler is optional (`pooler`): their pretraining and VQA files have none.
 
 Layout inside the model: `[text (T); regions (N); END (1)]`, S = T + N + 1 positions, with the
 padding of text and regions masked out of every attention. Positions are explicit, so padding
@@ -41,7 +55,10 @@ state_dict keys (our public API):
     embeddings.masked_feature (D,)          embeddings.norm.{weight, bias}
     layers.{i}.attn.{query,key,value,out}.{weight,bias}   layers.{i}.attn_norm.{weight,bias}
     layers.{i}.ffn_in.{weight,bias}  layers.{i}.ffn_out.{weight,bias}  layers.{i}.ffn_norm.*
-    pooler.{weight, bias}                   (dense + tanh over [CLS], as BERT)
+    pooler.{weight, bias}                   (dense + tanh over [CLS], as BERT; when `pooler`)
+  layout="official" replaces embeddings.visual's input order ([geometry; appearance]) and adds
+    embeddings.visual_text_norm.*, embeddings.visual_region_norm.*  LayerNorm(H)
+    embeddings.img_token, .masked_img_token, .end_token, .text_only_visual  (H,)
 """
 
 from __future__ import annotations
@@ -85,6 +102,14 @@ class VlBertConfig:
     layer_norm_eps: epsilon of every LayerNorm (BERT: 1e-12).
     initializer_range: std of the normal init of Linear and Embedding weights, and of the masked
         RoI's learned feature (BERT: 0.02).
+    layout: "ours" (the module docstring) or "official", the authors' embeddings (their released
+        files; geometry_box_format "cxcywh", the visual embedding H wide).
+    pooler: whether the model has the dense + tanh pooler over [CLS] (the authors' pretraining and
+        VQA files have none: `pooled` is then None).
+    num_region_classes: width of the region classifier: pretraining's masked RoI classification
+        (the detector's 1600 classes and background), VCR's object classes (81, COCO's).
+    num_answers: answers of the VQA model (model/vlbert_tasks.py; VQA v2's 3129).
+    classifier_dropout: dropout inside the VQA and RefCOCO+ heads (the authors': 0.1, 0.0).
     """
 
     vocab_size: int = 30522  # WordPiece table, including the [IMG] and [END] rows
@@ -106,6 +131,11 @@ class VlBertConfig:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
+    layout: str = "ours"  # "ours" or "official" (the authors' embeddings)
+    pooler: bool = True
+    num_region_classes: int = 1601
+    num_answers: int = 3129
+    classifier_dropout: float = 0.1
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -117,6 +147,11 @@ class VlBertConfig:
         if self.geometry_box_format not in ("xyxy", "cxcywh"):
             raise ValueError(
                 f"geometry_box_format {self.geometry_box_format!r}: use 'xyxy' or 'cxcywh'")
+        if self.layout not in ("ours", "official"):
+            raise ValueError(f"layout {self.layout!r}: use 'ours' or 'official'")
+        if self.layout == "official" and self.geometry_box_format != "cxcywh":
+            raise ValueError(
+                "layout 'official' embeds (cx, cy, w, h): geometry_box_format 'cxcywh'")
         if not 0 <= self.region_segment_id < self.num_segments:
             raise ValueError(f"region_segment_id {self.region_segment_id} outside "
                              f"{self.num_segments} segments")
@@ -131,12 +166,17 @@ class VlBertConfig:
         return cls(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                    max_position_embeddings=64, geometry_dim=32)
 
+    @classmethod
+    def official(cls) -> VlBertConfig:
+        """VL-BERT-base as the authors' code builds it (`cfgs/pretrain/base_*.yaml`)."""
+        return cls(layout="official", geometry_box_format="cxcywh", pooler=False)
+
 
 @dataclass
 class VlBertOutput:
     text_hidden: torch.Tensor  # (B, T, H)
     visual_hidden: torch.Tensor  # (B, N, H): at the region positions
-    pooled: torch.Tensor  # (B, H): tanh(dense(h_[CLS]))
+    pooled: torch.Tensor | None  # (B, H): tanh(dense(h_[CLS])); None without a pooler
     end_hidden: torch.Tensor  # (B, H): at [END]
     # per layer (B, heads, S, S) over [text (T); regions (N); END], S = T + N + 1; when asked
     attentions: tuple[torch.Tensor, ...] | None = None
@@ -287,15 +327,110 @@ class VlBertEmbeddings(nn.Module):
         return self.dropout(self.norm(x))
 
 
+class VlBertOfficialEmbeddings(nn.Module):
+    """The authors' embeddings (layout="official"): `[text; regions; END]` as their
+    `VisualLinguisticBert.embedding` and `FastRCNN.obj_downsample` build it (module docstring).
+
+    Region 0 must be the whole image; the shared parts keep VlBertEmbeddings' state_dict names.
+    """
+
+    def __init__(self, cfg: VlBertConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h, eps = cfg.hidden_size, cfg.layer_norm_eps
+        self.token = nn.Embedding(cfg.vocab_size, h)
+        self.position = nn.Embedding(cfg.max_position_embeddings, h)
+        self.segment = nn.Embedding(cfg.num_segments, h)
+        self.visual = nn.Linear(cfg.geometry_dim + cfg.visual_feat_dim, h)
+        self.visual_text_norm = nn.LayerNorm(h, eps=eps)
+        self.visual_region_norm = nn.LayerNorm(h, eps=eps)
+        self.masked_feature = nn.Parameter(torch.zeros(cfg.visual_feat_dim))
+        self.img_token = nn.Parameter(torch.zeros(h))
+        self.masked_img_token = nn.Parameter(torch.zeros(h))
+        self.end_token = nn.Parameter(torch.zeros(h))
+        self.text_only_visual = nn.Parameter(torch.zeros(h))
+        self.norm = nn.LayerNorm(h, eps=eps)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+        text_mask: torch.Tensor | None, features: torch.Tensor, boxes: torch.Tensor,
+        region_mask: torch.Tensor | None, image_feature: torch.Tensor | None,
+        masked_regions: torch.Tensor | None, text_regions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """As VlBertEmbeddings.forward; image_feature must be None (region 0 is the image).
+        text_regions (B, T) long: the region whose visual embedding each word takes (their VCR
+        grounds words to objects); None: region 0 for all."""
+        c = self.cfg
+        if image_feature is not None:
+            raise ValueError(
+                "layout 'official' takes the whole image as region 0, not image_feature")
+        B, T = input_ids.shape
+        N = features.shape[1]
+        if region_mask is not None:
+            features = torch.where(region_mask[..., None], features, 0)
+            boxes = torch.where(region_mask[..., None], boxes, 0)
+        region_tokens = self.img_token.expand(B, N, -1)
+        if masked_regions is not None:
+            features = torch.where(masked_regions[..., None],
+                                   self.masked_feature.to(features.dtype), features)
+            region_tokens = torch.where(masked_regions[..., None], self.masked_img_token,
+                                        region_tokens)
+        geometry = box_geometry_embedding(boxes, c.geometry_dim, c.geometry_box_format,
+                                          c.geometry_wavelength, c.geometry_scale)
+        both = torch.cat([geometry.to(features.dtype), features], -1)  # geometry first, as theirs
+        visual = F.relu(self.visual(both.to(self.visual.weight.dtype)))  # (B, N, H)
+        # the text sees region 0, the whole image (or its word's region); a row without regions,
+        # the text-only vector
+        if not N:
+            text_visual = self.text_only_visual.expand(B, 1, -1)
+        elif text_regions is None:
+            text_visual = visual[:, :1]
+        else:
+            index = text_regions.clamp(0, N - 1)[..., None].expand(-1, -1, visual.shape[-1])
+            text_visual = visual.gather(1, index)  # (B, T, H)
+        if N and region_mask is not None:
+            text_visual = torch.where(region_mask[:, :1, None], text_visual, self.text_only_visual)
+        text = self.token(input_ids) + self.visual_text_norm(text_visual)  # (B, T, H)
+        regions = region_tokens + self.visual_region_norm(visual)  # (B, N, H)
+        end = self.end_token.expand(B, 1, -1)
+
+        segments = torch.cat([token_type_ids, token_type_ids.new_full((B, N + 1),
+                                                                      c.region_segment_id)], 1)
+        if text_mask is None:
+            text_end = input_ids.new_full((B, 1), T)
+        else:
+            counts = torch.arange(1, T + 1, device=input_ids.device)
+            text_end = (counts * text_mask).amax(1, keepdim=True)  # (B, 1)
+        positions = torch.cat([
+            torch.arange(T, device=input_ids.device).expand(B, T),
+            text_end.expand(B, N),
+            text_end + 1,
+        ], 1)  # (B, S)
+        x = torch.cat([text, regions, end.to(text.dtype)], 1)
+        x = x + self.segment(segments) + self.position(positions)
+        return self.dropout(self.norm(x))
+
+
 class VlBertModel(nn.Module):
     def __init__(self, config: VlBertConfig) -> None:
         super().__init__()
         self.config = config
-        self.embeddings = VlBertEmbeddings(config)
+        self.embeddings = (VlBertOfficialEmbeddings(config) if config.layout == "official"
+                           else VlBertEmbeddings(config))
         self.layers = nn.ModuleList(VlBertLayer(config) for _ in range(config.num_layers))
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.pooler else None
         self.apply(self._init_weights)
-        nn.init.normal_(self.embeddings.masked_feature, std=config.initializer_range)
+        if config.layout == "official":
+            # the authors' init: the masked appearance 0 (kept), the learned vectors N(0, std)
+            e = self.embeddings
+            for row in (e.img_token, e.masked_img_token, e.end_token, e.text_only_visual):
+                nn.init.normal_(row, std=config.initializer_range)
+            # their visual LayerNorms' gains start at 0 (visual_scale_*_init in every cfg)
+            nn.init.zeros_(e.visual_text_norm.weight)
+            nn.init.zeros_(e.visual_region_norm.weight)
+        else:
+            nn.init.normal_(self.embeddings.masked_feature, std=config.initializer_range)
 
     def _init_weights(self, module: nn.Module) -> None:
         """BERT's initialisation; the paper draws the new visual parameters from N(0, 0.02) too."""
@@ -318,6 +453,7 @@ class VlBertModel(nn.Module):
         region_mask: torch.Tensor | None,
         image_feature: torch.Tensor | None = None,
         masked_regions: torch.Tensor | None = None,
+        text_regions: torch.Tensor | None = None,
         output_attentions: bool = False,
     ) -> VlBertOutput:
         """Encode text and regions in one stack.
@@ -328,7 +464,9 @@ class VlBertModel(nn.Module):
         token / region is padding (both None: attention runs unmasked);
         image_feature (B, D): the whole-image appearance for the non-visual elements (default:
         mean of the real, unmasked regions); masked_regions (B, N) bool: regions whose appearance
-        is replaced by the learned masked feature (masked RoI classification).
+        is replaced by the learned masked feature (masked RoI classification); text_regions
+        (B, T) long, layout "official" only: the region whose visual embedding each word takes
+        (None: region 0, the whole image).
         """
         B, T = input_ids.shape
         N = features.shape[1]
@@ -342,8 +480,13 @@ class VlBertModel(nn.Module):
         if masked_regions is not None:
             masked_regions = masked_regions.bool()
 
+        grounding = {}
+        if text_regions is not None:
+            if self.config.layout != "official":
+                raise ValueError("text_regions (words grounded to regions) needs layout 'official'")
+            grounding["text_regions"] = text_regions
         x = self.embeddings(input_ids, token_type_ids, text_mask, features, boxes, region_mask,
-                            image_feature, masked_regions)  # (B, S, H)
+                            image_feature, masked_regions, **grounding)  # (B, S, H)
         keep = None  # (B, S) bool, prepared once for every layer
         if text_mask is not None or region_mask is not None:
             keep = key_mask(torch.cat([
@@ -357,7 +500,7 @@ class VlBertModel(nn.Module):
         return VlBertOutput(
             text_hidden=x[:, :T],
             visual_hidden=x[:, T:T + N],
-            pooled=torch.tanh(self.pooler(x[:, 0])),
+            pooled=torch.tanh(self.pooler(x[:, 0])) if self.pooler is not None else None,
             end_hidden=x[:, T + N],
             attentions=tuple(attentions) if output_attentions else None,
         )

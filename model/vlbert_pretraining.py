@@ -6,6 +6,8 @@ clues, and masked RoI classification with linguistic clues.
 - Masked RoI classification: transform (dense, GELU, LayerNorm) then Linear(H, C) over the region
   states, C = 1601 (the detector's 1600 classes and background); trained by `soft_cross_entropy`
   towards the detector's class distribution of the masked RoI (the official `mvrc_head`).
+  With layout="official" the head is the authors' `mvrc_head`: dense, GELU (no LayerNorm), then
+  Linear(H, C) (`VlBertOfficialRegionHead`).
 The paper drops sentence-image relation prediction (it hurt), so there is no matching head. Which
 regions are masked (their appearance replaced by the learned feature: `masked_regions`) is the
 pretraining objectives' business.
@@ -17,6 +19,7 @@ Module tree (state_dict names, a public API; H = hidden_size, V = vocab_size, C 
     mlm_head.bias                   (V,)
     region_head.transform.{dense,norm}  Linear(H, H), LayerNorm(H)
     region_head.classifier          Linear(H, C)
+    (layout="official": region_head.dense Linear(H, H) and region_head.classifier Linear(H, C))
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from model.heads import MaskedLMHead, RegionClassHead, init_bert_weights
@@ -49,20 +53,38 @@ class VlBertPreTrainingOutput:
     attentions: tuple[torch.Tensor, ...] | None = None
 
 
+class VlBertOfficialRegionHead(nn.Module):
+    """The authors' masked RoI classifier: (..., H) -> dense -> GELU -> Linear -> (..., C)."""
+
+    def __init__(self, hidden_size: int, *, num_classes: int = 1601) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.classifier = nn.Linear(hidden_size, num_classes)
+
+    def forward(self, visual_hidden: torch.Tensor) -> torch.Tensor:
+        return self.classifier(F.gelu(self.dense(visual_hidden)))
+
+
 class VlBertForPreTraining(nn.Module):
     """VlBertModel with masked LM (tied decoder) and masked RoI classification heads.
 
-    num_region_classes: width of the RoI classifier, the detector's distribution (1601 ways).
+    num_region_classes: width of the RoI classifier, the detector's distribution (default:
+        config.num_region_classes, 1601 ways).
     """
 
-    def __init__(self, config: VlBertConfig, *, num_region_classes: int = 1601) -> None:
+    def __init__(self, config: VlBertConfig, *, num_region_classes: int | None = None) -> None:
         super().__init__()
+        if num_region_classes is None:
+            num_region_classes = config.num_region_classes
         self.config = config
         eps = config.layer_norm_eps
         self.vlbert = VlBertModel(config)
         self.mlm_head = MaskedLMHead(self.vlbert.embeddings.token, layer_norm_eps=eps)
-        self.region_head = RegionClassHead(
-            config.hidden_size, num_classes=num_region_classes, layer_norm_eps=eps
+        self.region_head = (
+            VlBertOfficialRegionHead(config.hidden_size, num_classes=num_region_classes)
+            if config.layout == "official"
+            else RegionClassHead(config.hidden_size, num_classes=num_region_classes,
+                                 layer_norm_eps=eps)
         )
         # Not the decoder: it is the token embedding table, initialised with the model.
         init = functools.partial(init_bert_weights, std=config.initializer_range)
