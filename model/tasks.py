@@ -2,11 +2,13 @@
 
 The heads read two things from an encoder's output, which `joint_outputs` gives in one form for
 every architecture:
-- the joint vector of a (text, image) pair: `pooled` (B, H) for LXMERT, VisualBERT and VL-BERT;
+- the joint vector of a (text, image) pair: `pooled` (B, H) for LXMERT, VisualBERT and VL-BERT
+  (the [CLS] state for a VL-BERT without a pooler, as the authors' pretraining files are);
   h_CLS * h_IMG (B, bi_hidden) for ViLBERT, the element-wise product its paper uses for alignment
   and its multi-task code for the downstream heads;
 - the region states (B, N, Hv) of the N input regions: `visual_hidden`, without ViLBERT's global
-  image region (its visual position 0), so scores line up with the batch's regions.
+  image region (its visual position 0), nor VL-BERT's whole-image region 0 in the authors'
+  layout (`with_whole_image` adds it), so scores line up with the batch's regions.
 
 One model per head, each a thin wrapper (state_dict names: `encoder.*` and `head.*`):
     AnswerModel          VQA / GQA: (B, num_answers) answer logits, any number of answers
@@ -35,6 +37,7 @@ from model.heads import (
     init_bert_weights,
 )
 from model.vilbert import VilBertConfig, VilBertOutput
+from model.vlbert import VlBertConfig
 
 
 def joint_sizes(config: object) -> tuple[int, int]:
@@ -48,7 +51,10 @@ def joint_outputs(output: object) -> tuple[torch.Tensor, torch.Tensor]:
     """An encoder's output -> joint vector (B, P) and region states (B, N, Hv)."""
     if isinstance(output, VilBertOutput):
         return output.joint, output.visual_hidden[:, 1:]
-    return output.pooled, output.visual_hidden  # type: ignore[attr-defined]
+    pooled = output.pooled  # type: ignore[attr-defined]
+    if pooled is None:  # VL-BERT's released pretraining files have no pooler: the [CLS] state
+        pooled = output.text_hidden[:, 0]  # type: ignore[attr-defined]
+    return pooled, output.visual_hidden  # type: ignore[attr-defined]
 
 
 class TaskModel(nn.Module):
@@ -68,7 +74,33 @@ class TaskModel(nn.Module):
 
     def encode(self, **inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's forward arguments -> joint vector (B, P), region states (B, N, Hv)."""
-        return joint_outputs(self.encoder(**inputs))
+        if not _whole_image_first(self.encoder.config):
+            return joint_outputs(self.encoder(**inputs))
+        joint, regions = joint_outputs(self.encoder(**with_whole_image(**inputs)))
+        return joint, regions[:, 1:]
+
+
+def _whole_image_first(config: object) -> bool:
+    """Whether the encoder takes the whole image as its region 0 (VL-BERT's official layout,
+    as the authors' datasets build their inputs and their released weights expect)."""
+    return isinstance(config, VlBertConfig) and config.layout == "official"
+
+
+def with_whole_image(**inputs: torch.Tensor | None) -> dict[str, torch.Tensor | None]:
+    """`inputs` with the whole image as region 0, as VL-BERT's datasets add it: the mean of the
+    real regions' features, box [0, 0, 1, 1] (theirs: (w - 1) / w, (h - 1) / h of the pixel
+    grid), never padding. features (B, N, D), boxes (B, N, 4), region_mask (B, N) or None."""
+    features, boxes, mask = inputs["features"], inputs["boxes"], inputs.get("region_mask")
+    assert features is not None and boxes is not None
+    B = features.shape[0]
+    real = (mask if mask is not None else features.new_ones(features.shape[:2])).to(features.dtype)
+    whole = (features * real[..., None]).sum(1) / real.sum(1).clamp(min=1)[:, None]  # (B, D)
+    whole_box = boxes.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(B, 1, 4)
+    out = dict(inputs, features=torch.cat([whole[:, None], features], 1),
+               boxes=torch.cat([whole_box, boxes], 1))
+    if mask is not None:
+        out["region_mask"] = torch.cat([mask.new_ones(B, 1), mask], 1)
+    return out
 
 
 class AnswerModel(TaskModel):

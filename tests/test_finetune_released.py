@@ -16,6 +16,7 @@ from model.archs import ARCHS
 from model.checkpoints.formats import save_official
 from model.vilbert import VilBertConfig
 from model.visualbert import VisualBertConfig
+from model.vlbert import VlBertConfig
 from pipeline.finetune.answers import AnswerVocab
 from pipeline.finetune.config import load_config
 from pipeline.finetune.job import build_task_model
@@ -51,9 +52,19 @@ def _visualbert(path: Path) -> tuple[object, str]:
     return config, ""
 
 
+def _vlbert(path: Path) -> tuple[object, str]:
+    """VL-BERT's pretraining model in the authors' layout (no pooler, their embeddings; the
+    whole image as region 0, which fine-tuning adds), read off the file's shapes alone."""
+    config = VlBertConfig(vocab_size=WORDPIECES, hidden_size=64, num_layers=1, num_heads=1,
+                          intermediate_size=128, visual_feat_dim=FEATURES, geometry_dim=32,
+                          layout="official", geometry_box_format="cxcywh", pooler=False)
+    return config, ""
+
+
 RELEASED = {  # arch -> (file name as released, the model and the config file)
     "vilbert": ("pretrained_model.bin", _vilbert),
     "visualbert": ("model_state_epoch_9.th", _visualbert),
+    "vlbert": ("vl-bert-base-e2e.model", _vlbert),
 }
 
 
@@ -78,3 +89,28 @@ def test_finetuning_starts_from_the_released_file(arch, pretrain_world, tmp_path
     assert finetune("vqa", run, vqa_sets(pretrain_world), "run.max_steps=2", *init) == 0
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert 2 in steps
+
+
+def test_vlberts_whole_image_region_is_added_and_its_state_left_out():
+    """The authors' layout reads region 0 as the whole image: the task model adds it (the mean
+    of the real regions, box [0, 0, 1, 1], never padding) and scores only the batch's regions."""
+    from model.tasks import RegionScoreModel, with_whole_image
+    from model.vlbert import VlBertModel
+
+    features = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+    boxes = torch.rand(2, 3, 4)
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    out = with_whole_image(features=features, boxes=boxes, region_mask=mask, input_ids=None)
+    assert torch.equal(out["features"][0, 0], features[0, :2].mean(0))
+    assert torch.equal(out["features"][1, 0], features[1, 0])
+    assert torch.equal(out["boxes"][:, 0], torch.tensor([[0.0, 0, 1, 1]] * 2))
+    assert torch.equal(out["region_mask"][:, 0], torch.tensor([1, 1]))
+    assert torch.equal(out["features"][:, 1:], features) and out["input_ids"] is None
+
+    config = VlBertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+                          intermediate_size=32, visual_feat_dim=4, geometry_dim=8,
+                          layout="official", geometry_box_format="cxcywh", pooler=False)
+    scores = RegionScoreModel(VlBertModel(config)).eval()(
+        input_ids=torch.tensor([[1, 5, 2], [1, 6, 2]]), attention_mask=torch.ones(2, 3),
+        token_type_ids=None, features=features, boxes=boxes, region_mask=mask)
+    assert scores.shape == (2, 3) and torch.isinf(scores[0, 2]) and torch.isfinite(scores[0, 1])

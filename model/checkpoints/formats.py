@@ -32,6 +32,7 @@ from model.checkpoints import lxmert as lx
 from model.checkpoints import visualbert as vb
 from model.checkpoints import vilbert as vil
 from model.checkpoints import visualbert_original as vbo
+from model.checkpoints import vlbert as vl
 from model.checkpoints.common import (
     CheckpointError,
     check_state,
@@ -48,7 +49,7 @@ OURS_FORMAT = "vlpipe-model-v1"
 HF_MODEL_TYPES = {"lxmert": "lxmert", "visual_bert": "visualbert"}  # config.json model_type -> arch
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".th", ".model")
 # arch -> the module that reads and writes its authors' released files (module docstring)
-OFFICIAL = {"lxmert": lx, "visualbert": vbo, "vilbert": vil}
+OFFICIAL = {"lxmert": lx, "visualbert": vbo, "vlbert": vl, "vilbert": vil}
 
 
 
