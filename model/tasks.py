@@ -67,6 +67,8 @@ class TaskModel(nn.Module):
         super().__init__()
         self.encoder = encoder
         self.joint_size, self.region_size = joint_sizes(encoder.config)
+        # the task token every row reads, for an encoder with them (ViLBERT's 12-in-1 model)
+        self.task_id: int | None = None
 
     def init_head(self) -> None:
         std = self.encoder.config.initializer_range
@@ -74,6 +76,10 @@ class TaskModel(nn.Module):
 
     def encode(self, **inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's forward arguments -> joint vector (B, P), region states (B, N, Hv)."""
+        if self.task_id is not None:
+            ids = inputs["input_ids"]
+            assert ids is not None
+            inputs = dict(inputs, task_ids=ids.new_full(ids.shape[:1], self.task_id))
         if not _whole_image_first(self.encoder.config):
             return joint_outputs(self.encoder(**inputs))
         joint, regions = joint_outputs(self.encoder(**with_whole_image(**inputs)))

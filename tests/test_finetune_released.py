@@ -5,6 +5,7 @@ size) trains a few steps on the world's shards, and the task model's encoder is 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -68,13 +69,21 @@ RELEASED = {  # arch -> (file name as released, the model and the config file)
 }
 
 
-@pytest.mark.parametrize("arch", list(RELEASED))
+@pytest.mark.parametrize("arch", [*RELEASED, "vilbert 12-in-1"])
 def test_finetuning_starts_from_the_released_file(arch, pretrain_world, tmp_path):
+    twelve_in_one = arch == "vilbert 12-in-1"
+    arch = arch.split()[0]
     name, make = RELEASED[arch]
-    path = tmp_path / name
+    path = tmp_path / ("multi_task_model.bin" if twelve_in_one else name)
     config, config_file = make(path)
     torch.manual_seed(5)
-    pretrained = ARCHS[arch].pretraining(config)
+    if twelve_in_one:  # a task token after [CLS]: VQA's is its task 1
+        from model.vilbert_multitask import VilBertForMultiTask
+
+        config = dataclasses.replace(config, num_task_tokens=20)
+        pretrained = VilBertForMultiTask(config)
+    else:
+        pretrained = ARCHS[arch].pretraining(config)
     save_official(path, arch, config, pretrained.state_dict())
     init = [f"init={path}", f"init_config={config_file}", f"arch={arch}"]
 
@@ -84,6 +93,7 @@ def test_finetuning_starts_from_the_released_file(arch, pretrain_world, tmp_path
     encoder = getattr(pretrained, ARCHS[arch].encoder_attr).state_dict()
     for key, tensor in encoder.items():
         assert torch.equal(model.encoder.state_dict()[key], tensor), key
+    assert model.task_id == (1 if twelve_in_one else None)
 
     run = tmp_path / "vqa"
     assert finetune("vqa", run, vqa_sets(pretrain_world), "run.max_steps=2", *init) == 0

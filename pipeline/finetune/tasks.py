@@ -68,11 +68,18 @@ def task_objective(config, tokenizer, vocab: AnswerVocab | None, *,
     return OBJECTIVES[task](tokenizer, **kind)
 
 
+# ViLBERT's 12-in-1 model reads a task token after [CLS]: each task's number in its
+# vilbert_tasks.yml (TASK<n> -> n; VCR's Q->A, RefCOCO+, Flickr30K retrieval).
+TWELVE_IN_ONE_TASKS = {"vqa": 1, "vcr": 5, "flickr30k": 8, "refcoco+": 10, "nlvr2": 12, "gqa": 15}
+
+
 def task_model(task: str, encoder: nn.Module, vocab: AnswerVocab | None) -> TaskModel:
-    """`encoder` with `task`'s head (freshly initialised)."""
-    if task in ANSWER_TASKS:
-        return AnswerModel(encoder, len(vocab))
-    return HEADS[task](encoder)
+    """`encoder` with `task`'s head (freshly initialised); an encoder with task tokens (the
+    12-in-1 ViLBERT) reads `task`'s own."""
+    model = AnswerModel(encoder, len(vocab)) if task in ANSWER_TASKS else HEADS[task](encoder)
+    if getattr(encoder.config, "num_task_tokens", 0):
+        model.task_id = TWELVE_IN_ONE_TASKS[task]
+    return model
 
 
 def task_streams(task: str, train: list, val: list, features: Features, *, batch_size: int,
