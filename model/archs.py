@@ -37,8 +37,8 @@ class Arch:
     architecture may hold, the default first: LXMERT's whole pretraining model (its QA head
     transfers to VQA / GQA) or its encoder; VisualBERT's encoder, its pretraining model or one of
     its authors' task models (model/visualbert_tasks.py); ViLBERT's encoder, pretraining model,
-    12-in-1 multi-task model or vilbert_beta task model (its authors' released files); the
-    encoder alone for the others."""
+    12-in-1 multi-task model or vilbert_beta task model (its authors' released files); VL-BERT's
+    encoder, pretraining model or one of its authors' task models (model/vlbert_tasks.py)."""
 
     config: type
     encoder: type[nn.Module]

@@ -205,7 +205,7 @@ def test_seam_converts_their_file_to_ours_and_back(cfg_file, tmp_path):
                                                      ckpt.state_dict))
     assert ours.config == ckpt.config and ours.report.model == "VlBertForPreTraining"
     back = formats.save_official(tmp_path / "back.model", "vlbert", ours.config, ours.state_dict)
-    written, raw = torch.load(back, weights_only=True), read_released(source)[0]
+    written, raw = torch.load(back, weights_only=True)["state_dict"], read_released(source)[0]
     assert written.keys() == raw.keys()
     assert all(torch.equal(written[n], raw[n]) for n in raw)
 

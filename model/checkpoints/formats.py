@@ -6,10 +6,12 @@ Formats (the `pipeline convert` verb moves a checkpoint between any two):
   once)} and `model.safetensors`. Any of the four architectures.
 - "hf": a Hugging Face directory: `config.json` (model_type "lxmert" or "visual_bert") and
   `model.safetensors`, a sharded `model.safetensors.index.json`, or `pytorch_model.bin`.
-  LXMERT as `LxmertForPreTraining` (heads) or `LxmertModel`; VisualBERT as `VisualBertModel`, or a
-  task / pretraining model whose heads are dropped on request (ours has no VisualBERT heads).
+  LXMERT as `LxmertForPreTraining` (heads) or `LxmertModel`; VisualBERT as `VisualBertModel`, its
+  pretraining model or one of its task models (heads kept, or dropped on request).
 - "official": a file as the architecture's authors released it: a `torch.save` of the state dict
-  (DataParallel's `module.` prefix or not), or of a dict holding it under "state_dict" or "model".
+  (DataParallel's `module.` prefix or not), or of a dict holding it under "state_dict" or "model"
+  (VL-BERT's `.model` files; written so too). LXMERT's `*_LXRT.pth`, ViLBERT's `pytorch_model*.bin`
+  (both repositories; the 12-in-1 `multi_task_model.bin`), VL-BERT's `.model`, VisualBERT's `.th`.
   Its architecture is read off its tensor names: each architecture's checkpoint module in
   `OFFICIAL` says whether the names are its (`looks_like`), reads them (`read_official`, with the
   authors' config file where the weights do not record everything) and writes them back
@@ -50,6 +52,9 @@ HF_MODEL_TYPES = {"lxmert": "lxmert", "visual_bert": "visualbert"}  # config.jso
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".th", ".model")
 # arch -> the module that reads and writes its authors' released files (module docstring)
 OFFICIAL = {"lxmert": lx, "visualbert": vbo, "vlbert": vl, "vilbert": vil}
+# the dict key a released file keeps its weights under (VL-BERT's train script saves
+# {"state_dict": ..., "optimizer": ..., ...}); the others save the state dict itself
+_FILE_KEYS = {"vlbert": "state_dict"}
 
 
 
@@ -379,6 +384,8 @@ def save_official(
     if arch not in OFFICIAL:
         raise CheckpointError(f"{arch}: no official format to write; use --to ours")
     official = OFFICIAL[arch].write_official(config, state_dict, model)
+    if arch in _FILE_KEYS:  # as their training script saves it, for their loader
+        official = {_FILE_KEYS[arch]: official}
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(official, out)

@@ -151,7 +151,8 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
             partial(load_extraction_detector, visual.extract_config or None, visual.weights))
 
     def export(module: nn.Module) -> tuple[str, object, dict]:
-        # LXMERT is exported whole (its QA head transfers to VQA / GQA); the others' encoders.
+        # The pretraining model is exported whole, heads included (LXMERT's QA head transfers to
+        # VQA / GQA; the others' convert to their authors' layouts), where arch.saved holds it.
         module = module.model if visual.trainable else module
         part = module if type(module) in arch.saved else getattr(module, arch.encoder_attr)
         return config.arch, part.config, part.state_dict()

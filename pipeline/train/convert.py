@@ -18,26 +18,33 @@ unexpected or of the wrong shape is an error that names it.
 
 Formats (SRC's is detected; --to chooses DST's):
   ours      a directory: config.json ({"arch", "model", "config": our config}) + model.safetensors;
-            all four architectures (lxmert, visualbert, vlbert, vilbert)
+            all four architectures, encoders and models with heads
   hf        a Hugging Face directory: config.json + model.safetensors (or pytorch_model.bin);
             lxmert (LxmertForPreTraining, or LxmertModel for an encoder alone) and visualbert
-            (VisualBertModel); written so that transformers' from_pretrained loads it
-  official  a file as the architecture's authors released it: the LXMERT repository's
-            torch.save of its state dict (*_LXRT.pth, `module.` prefix), the pretraining model
-            or the encoder alone; its architecture is read off its tensor names. Read with
-            torch.load(weights_only=True): tensors only, never pickled code. The authors'
-            config file (--config) gives what their weights do not record.
+            (VisualBertModel, VisualBertForPreTraining and the four task models); written so
+            that transformers' from_pretrained loads it
+  official  a file as the architecture's authors released it, its architecture read off its
+            tensor names: LXMERT's *_LXRT.pth; ViLBERT's pretrained_model.bin,
+            multi_task_model.bin (12-in-1) and vilbert_beta's pytorch_model_8.bin; VL-BERT's
+            .model files (pretraining, VQA, VCR, RefCOCO+); VisualBERT's .th (COCO pretraining,
+            VQA, NLVR2, VCR). Heads are kept (--drop-heads: the encoder alone). Read with
+            torch.load(weights_only=True): tensors only, never pickled code. What the weights do
+            not record (ViLBERT's co-attention schedule, head counts) is the authors' released
+            default, said in a note, or their config file's (--config: their JSON or yaml).
 
 Examples:
   pipeline convert model_LXRT.pth --to hf --out lxmert-hf
+  pipeline convert multi_task_model.bin --to ours --out vilbert-12in1
+  pipeline convert vl-bert-base-e2e.model --to ours --out vlbert --config base_e2e_16x16G_fp16.yaml
+  pipeline convert vilbert-12in1 --to official --out again.bin
   pipeline convert lxmert-hf --to ours --out lxmert-ours
-  pipeline convert lxmert-ours --to official --out again_LXRT.pth
 """
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "src", metavar="SRC", help="checkpoint: a directory (ours, hf) or a .pth file"
+        "src", metavar="SRC", help="checkpoint: a directory (ours, hf) or a released file "
+        "(.pth, .bin, .model, .th, ...)"
     )
     parser.add_argument("--to", required=True, choices=FORMATS, help="format to write")
     parser.add_argument(
