@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from shards.schema import SchemaError
+from shards.schema import SchemaError, decode_sample
 from shards.storage import Location
 from shards.writer import STATS_SUFFIX, sample_digest
 
@@ -33,9 +33,15 @@ def check_sample(shard: Location, key: str, members: Mapping[str, bytes], record
     """Raise SchemaError when the payloads `members` ({suffix: bytes}) of sample `key` do not
     have the digest its stats file `recorded`."""
     actual = sample_digest([(f"{key}.{suffix}", data) for suffix, data in members.items()])
-    if actual != recorded:
-        raise SchemaError(
-            f"{shard}: sample {key!r} is not what was written (its sha256 differs from the one "
-            f"in {shard.stem}{STATS_SUFFIX}): the shard changed on disk or in transit; "
-            f"`pipeline shards verify {shard.parent}` lists every such sample"
-        )
+    if actual == recorded:
+        return
+    changed = (f"its sha256 differs from the one in {shard.stem}{STATS_SUFFIX}: the shard changed "
+               f"on disk or in transit; `pipeline shards verify {shard.parent}` lists every such "
+               "sample")
+    try:  # what is wrong with it, where its bytes say (as reader.decode_checked words it)
+        problems = decode_sample(key, dict(members)).validate()
+    except SchemaError as err:
+        problems = [str(err)]
+    if problems:
+        raise SchemaError(f"{shard}: sample {key!r} is corrupt: {'; '.join(problems)} ({changed})")
+    raise SchemaError(f"{shard}: sample {key!r} is not what was written ({changed})")
