@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_end_to_end import image_world  # noqa: F401  (the fixture: shards that keep images)
 
 from extractor.config import DetectorConfig, VisualFrontEndConfig
 from extractor.detector import BUTDDetector
@@ -89,3 +90,93 @@ def test_a_file_without_its_cnn_has_no_detector():
            if n.startswith("module.") and ".layer3.22." not in n}
     with pytest.raises(CheckpointError, match=r"\(3, 4, 22, 3\) blocks"):
         vl.fast_rcnn_detector_fields(raw)
+
+
+def e2e_file(tmp_path: Path, *, cnn: bool = True) -> Path:
+    """A `vl-bert-base-e2e.model` as their code saves it: a tiny pretraining model in their layout
+    (test_finetune_released's, 64-wide features as the world's) with, where `cnn`, the reference's
+    Fast R-CNN CNN (R101 at width 2: 64-wide region features)."""
+    from test_finetune_released import _vlbert
+
+    from model.checkpoints.formats import save_official
+    from model.vlbert_pretraining import VlBertForPreTraining
+
+    tmp_path.mkdir(exist_ok=True)
+    path = tmp_path / "vl-bert-base-e2e.model"
+    config, _ = _vlbert(path)
+    torch.manual_seed(5)
+    save_official(path, "vlbert", config, VlBertForPreTraining(config).state_dict())
+    if cnn:
+        released = torch.load(path, weights_only=True)
+        released["state_dict"].update({n: t for n, t in load_file(REFERENCE).items()
+                                       if n.startswith("module.")})
+        torch.save(released, path)
+    return path
+
+
+def test_the_front_end_detector_of_their_e2e_file(tmp_path):
+    """`vlbert_detector`: the file's CNN in a detector of its architecture; None for a detector
+    checkpoint (then extractor.weights reads it); refused for a file without a CNN."""
+    from pipeline.common.assets import bundled_detector
+    from pipeline.train.end_to_end import vlbert_detector
+
+    detector = vlbert_detector(str(e2e_file(tmp_path)))
+    assert detector.cfg == DetectorConfig(depth=101, width=2, stem_pool="torchvision")
+    state = detector.state_dict()
+    for name, tensor in vl.fast_rcnn_as_detector(load_file(REFERENCE)).items():
+        assert torch.equal(state[name], tensor), name
+    assert vlbert_detector(str(bundled_detector()[1])) is None
+    with pytest.raises(CheckpointError, match="IMAGE_FEAT_PRECOMPUTED"):
+        vlbert_detector(str(e2e_file(tmp_path / "precomputed", cnn=False)))
+
+
+def test_a_trainable_front_end_takes_the_init_files_cnn_where_no_weights_are_given():
+    from pipeline.common.config import ConfigError
+    from pipeline.train.config import VisualConfig
+
+    VisualConfig(trainable=True).check(init="vl-bert-base-e2e.model")
+    with pytest.raises(ConfigError, match="visual.trainable needs visual.weights"):
+        VisualConfig(trainable=True).check()
+
+
+@pytest.mark.slow  # ~25 s on 2 shared cores: R101's trunk trains on the images
+def test_fine_tuning_from_their_e2e_file_trains_the_cnn_it_carries(image_world, tmp_path):
+    """`pipeline finetune vqa --from vl-bert-base-e2e.model --set visual.trainable=true` with no
+    visual.weights: the front end starts from the file's CNN (the reference's, width 2: the
+    world's 64-wide features), trains it with the transformer for two steps, records the file as
+    its visual.weights, and `pipeline predict` rebuilds the detector it trained (torchvision's
+    stem pool, recorded in its DETECTOR_FILE)."""
+    import yaml
+    from test_end_to_end import CONFIG
+    from test_finetune import finetune, vqa_sets
+
+    from pipeline.finetune.predict import load_run_model
+    from pipeline.train.checkpoint import checkpoint_dirs
+    from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd
+
+    path = e2e_file(tmp_path)
+    cnn = vl.fast_rcnn_as_detector(load_file(REFERENCE))
+
+    # The shards' preprocessing at a smaller scale: R101's 101 layers are slow on a CPU.
+    extraction = yaml.safe_load(Path(CONFIG).read_text())
+    extraction["preprocess"].update(min_size=128, max_size=192)
+    small = tmp_path / "extraction.yaml"
+    small.write_text(yaml.safe_dump(extraction))
+    out = tmp_path / "vqa"
+    sets = [*vqa_sets(image_world), "data.batch_size=4", "run.max_steps=2", "arch=vlbert",
+            f"init={path}", "visual.trainable=true", "visual.pooler=roi_align",
+            f"visual.extract_config={small}"]
+    assert finetune("vqa", out, sets) == 0
+    recorded = yaml.safe_load((out / "config.yaml").read_text())["visual"]
+    assert recorded["weights"] == str(path)
+    saved = load_file(str(checkpoint_dirs(out)[-1] / DETECTOR_FILE))
+    assert torch.equal(saved["backbone.stem.conv1.weight"], cnn["backbone.stem.conv1.weight"])
+    for trained in ("backbone.res3.0.conv1.weight", "roi_heads.res5.0.conv1.weight"):
+        assert not torch.equal(saved[trained], cnn[trained]), trained
+
+    run = load_run_model(out)
+    assert isinstance(run.model, EndToEnd)
+    assert run.model.front_end.detector_cfg.stem_pool == "torchvision"
+    rebuilt = run.model.front_end.detector_state_dict()
+    name = "roi_heads.res5.0.conv1.weight"
+    assert torch.equal(rebuilt[name], saved[name])
