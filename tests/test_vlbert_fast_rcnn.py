@@ -14,6 +14,7 @@ from test_end_to_end import image_world  # noqa: F401  (the fixture: shards that
 from extractor.config import DetectorConfig, VisualFrontEndConfig
 from extractor.detector import BUTDDetector
 from extractor.front_end import VisualFrontEnd
+from extractor.weights import read_detector_config
 from model.checkpoints import vlbert as vl
 from model.errors import CheckpointError
 
@@ -114,11 +115,24 @@ def e2e_file(tmp_path: Path, *, cnn: bool = True) -> Path:
     return path
 
 
+def small_extraction(tmp_path: Path) -> Path:
+    """The world's extraction config (the shards' preprocessing) at a smaller scale, for R101's
+    101 layers are slow on a CPU."""
+    import yaml
+    from test_end_to_end import CONFIG
+
+    extraction = yaml.safe_load(Path(CONFIG).read_text())
+    extraction["preprocess"].update(min_size=128, max_size=192)
+    path = tmp_path / "extraction.yaml"
+    path.write_text(yaml.safe_dump(extraction))
+    return path
+
+
 def test_the_front_end_detector_of_their_e2e_file(tmp_path):
     """`vlbert_detector`: the file's CNN in a detector of its architecture; None for a detector
     checkpoint (then extractor.weights reads it); refused for a file without a CNN."""
     from pipeline.common.assets import bundled_detector
-    from pipeline.train.end_to_end import vlbert_detector
+    from pipeline.extract.detector import vlbert_detector
 
     detector = vlbert_detector(str(e2e_file(tmp_path)))
     assert detector.cfg == DetectorConfig(depth=101, width=2, stem_pool="torchvision")
@@ -139,7 +153,7 @@ def test_a_trainable_front_end_takes_the_init_files_cnn_where_no_weights_are_giv
         VisualConfig(trainable=True).check()
 
 
-@pytest.mark.slow  # ~25 s on 2 shared cores: R101's trunk trains on the images
+@pytest.mark.slow  # 11-30 s on 2 shared cores (R101's trunk trains; a validation pass)
 def test_fine_tuning_from_their_e2e_file_trains_the_cnn_it_carries(image_world, tmp_path):
     """`pipeline finetune vqa --from vl-bert-base-e2e.model --set visual.trainable=true` with no
     visual.weights: the front end starts from the file's CNN (the reference's, width 2: the
@@ -147,7 +161,6 @@ def test_fine_tuning_from_their_e2e_file_trains_the_cnn_it_carries(image_world, 
     its visual.weights, and `pipeline predict` rebuilds the detector it trained (torchvision's
     stem pool, recorded in its DETECTOR_FILE)."""
     import yaml
-    from test_end_to_end import CONFIG
     from test_finetune import finetune, vqa_sets
 
     from pipeline.finetune.predict import load_run_model
@@ -157,11 +170,7 @@ def test_fine_tuning_from_their_e2e_file_trains_the_cnn_it_carries(image_world, 
     path = e2e_file(tmp_path)
     cnn = vl.fast_rcnn_as_detector(load_file(REFERENCE))
 
-    # The shards' preprocessing at a smaller scale: R101's 101 layers are slow on a CPU.
-    extraction = yaml.safe_load(Path(CONFIG).read_text())
-    extraction["preprocess"].update(min_size=128, max_size=192)
-    small = tmp_path / "extraction.yaml"
-    small.write_text(yaml.safe_dump(extraction))
+    small = small_extraction(tmp_path)
     out = tmp_path / "vqa"
     sets = [*vqa_sets(image_world), "data.batch_size=4", "run.max_steps=2", "arch=vlbert",
             f"init={path}", "visual.trainable=true", "visual.pooler=roi_align",
@@ -180,3 +189,28 @@ def test_fine_tuning_from_their_e2e_file_trains_the_cnn_it_carries(image_world, 
     rebuilt = run.model.front_end.detector_state_dict()
     name = "roi_heads.res5.0.conv1.weight"
     assert torch.equal(rebuilt[name], saved[name])
+
+
+def test_pretraining_takes_their_e2e_file_as_visual_weights(image_world, tmp_path):
+    """`pipeline pretrain --set visual.trainable=true --set visual.weights=vl-bert-base-e2e.model`:
+    the trunk the run trains is the file's CNN (width 2), in a detector of its architecture."""
+    from test_pretrain_loop import tiny_config
+
+    from pipeline.pretrain.job import pretrain_job
+    from pipeline.train.checkpoint import checkpoint_dirs
+    from pipeline.train.end_to_end import DETECTOR_FILE
+    from pipeline.train.launch import run_training
+
+    path = e2e_file(tmp_path)
+    cnn = vl.fast_rcnn_as_detector(load_file(REFERENCE))
+    out = tmp_path / "pretrain"
+    run_training(pretrain_job, tiny_config(
+        image_world, "vlbert", "visual.trainable=true", f"visual.weights={path}",
+        "visual.pooler=roi_align", f"visual.extract_config={small_extraction(tmp_path)}",
+        "run.max_steps=2", "data.batch_size=4"), out)
+    saved = checkpoint_dirs(out)[-1] / DETECTOR_FILE
+    assert read_detector_config(saved).stem_pool == "torchvision"
+    state = load_file(str(saved))
+    assert torch.equal(state["backbone.stem.conv1.weight"], cnn["backbone.stem.conv1.weight"])
+    name = "backbone.res4.0.conv1.weight"
+    assert not torch.equal(state[name], cnn[name])

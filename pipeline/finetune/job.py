@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -185,19 +186,12 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
             raise ConfigError(f"visual.trainable: end-to-end training takes rows of one image; "
                               f"{config.task}'s rows have several (train it on frozen features)")
         # Only here: the detector's modules import torchvision (~180 MB a worker process).
-        from pipeline.extract.config import resolve_job
-        from pipeline.extract.detector import load_extraction_detector
-        from pipeline.train.end_to_end import train_detector_with, vlbert_detector
-
-        def load_detector():
-            detector = vlbert_detector(visual.weights)
-            if detector is None:
-                return load_extraction_detector(visual.extract_config or None, visual.weights)
-            return detector, resolve_job(visual.extract_config or None, [])
+        from pipeline.extract.detector import load_front_end_detector
+        from pipeline.train.end_to_end import train_detector_with
 
         module, pixels, save_detector = train_detector_with(
             visual, module, features[train[0].images[0]], ", ".join(config.data.shards), device,
-            load_detector)
+            partial(load_front_end_detector, visual.extract_config or None, visual.weights))
 
     def export(module: nn.Module) -> tuple[str, object, dict]:
         module = module.model if visual.trainable else module

@@ -16,8 +16,9 @@ whole detector as DETECTOR_FILE, which `pipeline extract --weights` re-extracts 
 
 The trunk starts from `visual.weights`: a detector checkpoint (the one the shards were extracted
 with), or VL-BERT's released end-to-end file, whose Fast R-CNN CNN (`image_feature_extractor.*`)
-is the trunk and res5 VL-BERT trained with its transformer (`vlbert_detector`). Fine-tuning from
-such a file (`--from vl-bert-base-e2e.model`) takes its CNN when visual.weights is left empty.
+is the trunk and res5 VL-BERT trained with its transformer (both read by
+pipeline/extract/detector.py `load_front_end_detector`). Fine-tuning from such a file (`--from
+vl-bert-base-e2e.model`) takes its CNN when visual.weights is left empty.
 """
 
 from __future__ import annotations
@@ -29,12 +30,9 @@ import torch
 from torch import nn
 
 from extractor.canvases import size_multiple
-from extractor.config import DetectorConfig, PreprocessConfig
+from extractor.config import PreprocessConfig
 from extractor.detector import BUTDDetector
 from extractor.front_end import VisualFrontEnd, mask_region_pixels
-from extractor.weights import detect_format
-from model.checkpoints import vlbert
-from model.checkpoints.common import read_released
 from pipeline.common.config import ConfigError
 from pipeline.train.config import VisualConfig
 from pipeline.train.pixels import PixelConfig
@@ -73,28 +71,6 @@ class EndToEnd(nn.Module):
         if rows > S:  # text-only rows: no region
             features = torch.cat([features, features.new_zeros(rows - S, N, features.shape[-1])])
         return self.model(features=features, **inputs)
-
-
-def vlbert_detector(path: str) -> BUTDDetector | None:
-    """The detector whose trunk and res5 are the CNN of VL-BERT's released file `path` (its
-    architecture: model/checkpoints/vlbert.py `fast_rcnn_detector_fields`, torchvision's stem
-    pool); None where `path` is no VL-BERT file (a detector checkpoint). The file holds no RPN nor
-    predictors: those of the detector are drawn from seed 0 and take no part in the front end, so
-    the DETECTOR_FILE a run writes from it serves `pipeline predict`, not `pipeline extract`.
-    CheckpointError for a VL-BERT file without its CNN (precomputed features)."""
-    if detect_format(path) != "torch":
-        return None
-    raw, _ = read_released(Path(path))
-    if not vlbert.looks_like(raw):
-        return None
-    config = DetectorConfig(**vlbert.fast_rcnn_detector_fields(raw))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        detector = BUTDDetector(config)
-    result = detector.load_state_dict(vlbert.fast_rcnn_as_detector(raw), strict=False)
-    trunk = [n for n in result.missing_keys if n.startswith(("backbone.", "roi_heads.res5."))]
-    assert not result.unexpected_keys and not trunk, (result.unexpected_keys, trunk)
-    return detector
 
 
 def require_images(sample: Sample, shards: str) -> None:
