@@ -2,7 +2,8 @@
 
 Module names follow detectron2 (`stem.conv1`, `res4.22.conv3.norm`, `shortcut`), so checkpoint
 names map one to one. Caffe style: a bottleneck block strides in its 1x1 `conv1` (not in the 3x3),
-every conv is followed by a frozen BatchNorm, and the stem max-pool has padding 0 and `ceil_mode`.
+every conv is followed by a frozen BatchNorm, and the stem max-pool has padding 0 and `ceil_mode`
+(`stem_pool="caffe"`; "torchvision" pads by 1 and floors, as VL-BERT's ResNet: DetectorConfig).
 
 Batched inference pads images to a common size. To make a padded batch compute exactly what each
 image computes alone, every activation that a 3x3 conv or the max-pool reads is multiplied by a
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from extractor.config import BLOCKS_PER_STAGE
+from extractor.config import BLOCKS_PER_STAGE, StemPool
 from extractor.host import to_device
 
 
@@ -240,21 +241,27 @@ def stage_channels(depth: int, width: int, stage: int) -> tuple[int, int]:
 
 
 class Stem(nn.Module):
-    """7x7/2 conv + frozen BN + ReLU, then Caffe's 3x3/2 max-pool (padding 0, ceil_mode)."""
+    """7x7/2 conv + frozen BN + ReLU, then a 3x3/2 max-pool: Caffe's (padding 0, ceil_mode) or
+    torchvision's (padding 1, floor), as `pool` says."""
 
-    def __init__(self, width: int):
+    def __init__(self, width: int, pool: StemPool = "caffe"):
         super().__init__()
         self.conv1 = ConvNorm(3, width, 7, 2)
+        self.pool = pool
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         # Post-ReLU values are >= 0, so zeroed padding never wins a max over a window that also
-        # covers valid positions: the pool then equals the single-image pool, which ignores them.
+        # covers valid positions: the pool then equals the single-image pool, which ignores them
+        # (torchvision's padding of 1 is -inf, which never wins either).
         x = _mask(conv_relu(self.conv1, x), mask)
+        if self.pool == "torchvision":
+            return F.max_pool2d(x, kernel_size=3, stride=2, padding=1)
         return F.max_pool2d(x, kernel_size=3, stride=2, padding=0, ceil_mode=True)
 
 
 def conv_out_size(size: int) -> int:
-    """Output length of a stride-2 conv with 'same' padding (7x7 pad 3, 3x3 pad 1, 1x1 pad 0)."""
+    """Output length of a stride-2 conv with 'same' padding (7x7 pad 3, 3x3 pad 1, 1x1 pad 0);
+    also of torchvision's stem max-pool (3x3, stride 2, padding 1, floor)."""
     return (size - 1) // 2 + 1
 
 
@@ -268,10 +275,13 @@ def caffe_pool_out_size(size: int) -> int:
 LEVELS = ("stem", "res2", "res3", "res4")
 
 
-def level_sizes(height: int, width: int) -> dict[str, tuple[int, int]]:
+def level_sizes(
+    height: int, width: int, stem_pool: StemPool = "caffe"
+) -> dict[str, tuple[int, int]]:
     """(h, w) of the stem conv output and of res2, res3, res4 for an (height, width) input."""
     stem = (conv_out_size(height), conv_out_size(width))
-    res2 = (caffe_pool_out_size(stem[0]), caffe_pool_out_size(stem[1]))
+    pool = conv_out_size if stem_pool == "torchvision" else caffe_pool_out_size
+    res2 = (pool(stem[0]), pool(stem[1]))
     res3 = (conv_out_size(res2[0]), conv_out_size(res2[1]))
     res4 = (conv_out_size(res3[0]), conv_out_size(res3[1]))
     return dict(zip(LEVELS, (stem, res2, res3, res4)))
@@ -282,12 +292,13 @@ class PaddingMasks:
 
     image_sizes: valid (height, width) of each image inside a padded (N, 3, H, W) batch.
     `masks[level]` is an (N, 1, h, w) float mask on `device`, or None where no image is padded.
-    The masks are built on `device` from one small copy of the sizes.
+    The masks are built on `device` from one small copy of the sizes. stem_pool: the backbone's.
     """
 
-    def __init__(self, image_sizes: list[tuple[int, int]], padded_hw: tuple[int, int], device):
-        padded = level_sizes(*padded_hw)
-        valid = [level_sizes(h, w) for h, w in image_sizes]
+    def __init__(self, image_sizes: list[tuple[int, int]], padded_hw: tuple[int, int], device,
+                 stem_pool: StemPool = "caffe"):
+        padded = level_sizes(*padded_hw, stem_pool)
+        valid = [level_sizes(h, w, stem_pool) for h, w in image_sizes]
         self.masks: dict[str, torch.Tensor | None] = dict.fromkeys(LEVELS)
         levels = [lv for lv in LEVELS if any(v[lv] != padded[lv] for v in valid)]
         if not levels:
@@ -305,16 +316,17 @@ class ResNetC4(nn.Module):
 
     forward(x: (N, 3, H, W) mean-subtracted BGR pixels, image_sizes: valid (h, w) per image or
     None for an unpadded batch) -> (N, C4, H4, W4) res4 features, zero outside each image's area.
+    stem_pool: the stem's max-pool (Stem).
     """
 
-    def __init__(self, depth: int, width: int):
+    def __init__(self, depth: int, width: int, stem_pool: StemPool = "caffe"):
         super().__init__()
         if depth not in BLOCKS_PER_STAGE:
             raise ValueError(
                 f"unsupported ResNet depth {depth}; choose from {sorted(BLOCKS_PER_STAGE)}"
             )
         bottleneck = depth >= 50
-        self.stem = Stem(width)
+        self.stem = Stem(width, stem_pool)
         in_ch = width
         for stage, num_blocks in zip((2, 3, 4), BLOCKS_PER_STAGE[depth][:3]):
             mid_ch, out_ch = stage_channels(depth, width, stage)
@@ -329,7 +341,8 @@ class ResNetC4(nn.Module):
     ) -> torch.Tensor:
         masks = dict.fromkeys(LEVELS)
         if image_sizes is not None:
-            masks = PaddingMasks(image_sizes, tuple(x.shape[-2:]), x.device).masks
+            masks = PaddingMasks(image_sizes, tuple(x.shape[-2:]), x.device,
+                                 self.stem.pool).masks
         # A pool window may start on the last valid stem row yet lie outside the image's own
         # pool output: zero it, for basic blocks read it with a 3x3 conv.
         x = _mask(self.stem(x, masks["stem"]), masks["res2"])

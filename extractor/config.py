@@ -19,6 +19,8 @@ RankUnit = Literal["region", "detection"]
 ProposalFilter = Literal["caffe", "detectron2"]
 AttrSoftmax = Literal["with_none", "without_none"]
 ResizeMethod = Literal["cv2", "pil", "torch"]
+StemPool = Literal["caffe", "torchvision"]
+STEM_POOLS = ("caffe", "torchvision")
 
 # ResNet depth -> residual blocks in res2, res3, res4, res5.
 BLOCKS_PER_STAGE: dict[int, tuple[int, int, int, int]] = {
@@ -63,6 +65,10 @@ class DetectorConfig:
         Box2BoxTransform weights (10, 10, 5, 5: Caffe's BBOX_NORMALIZE_STDS 0.1, 0.1, 0.2, 0.2).
     pixel_mean_bgr: per-channel mean, B G R on the 0-255 scale, subtracted from every pixel
         (Caffe's PIXEL_MEANS).
+    stem_pool: the stem's 3x3 stride-2 max-pool. "caffe": padding 0, ceil_mode (the BUTD
+        models); "torchvision": padding 1, floor (VL-BERT's ResNet, common/backbone/resnet: the
+        CNN its end-to-end files carry). The two shift the pooling grid by one pixel, so every
+        feature after the stem differs.
     """
 
     depth: int = 101
@@ -83,6 +89,7 @@ class DetectorConfig:
     attr_hidden: int = 512
     bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
     pixel_mean_bgr: tuple[float, float, float] = (102.9801, 115.9465, 122.7717)
+    stem_pool: StemPool = "caffe"
 
     def __post_init__(self):
         if self.depth not in BLOCKS_PER_STAGE:
@@ -91,6 +98,8 @@ class DetectorConfig:
         _check_positive(self, "width", "num_classes", "num_attributes", "rpn_hidden",
                         "feature_stride", "rpn_pre_nms_topk", "rpn_post_nms_topk",
                         "pooler_resolution", "res5_dilation")
+        if self.stem_pool not in STEM_POOLS:
+            raise ValueError(f"stem_pool = {self.stem_pool!r}: choose one of {STEM_POOLS}")
 
     @property
     def bottleneck(self) -> bool:

@@ -207,7 +207,7 @@ class ProposalGenerator(nn.Module):
         # Only the anchors an image alone would have: those on its own (top-left) part of the grid.
         inside = torch.zeros(n, h4, w4, dtype=torch.bool)
         for i, (h, w) in enumerate(image_sizes):
-            valid_h, valid_w = level_sizes(h, w)["res4"]
+            valid_h, valid_w = level_sizes(h, w, cfg.stem_pool)["res4"]
             inside[i, :valid_h, :valid_w] = True
         keep = to_device(inside, res4.device)[..., None].expand(n, h4, w4, num_anchors)
         keep = keep.reshape(n, -1)
@@ -378,7 +378,7 @@ class BUTDDetector(nn.Module):
     def __init__(self, cfg: DetectorConfig):
         super().__init__()
         self.cfg = cfg
-        self.backbone = ResNetC4(cfg.depth, cfg.width)
+        self.backbone = ResNetC4(cfg.depth, cfg.width, cfg.stem_pool)
         self.proposal_generator = ProposalGenerator(cfg)
         self.roi_heads = Res5ROIHeads(cfg)
 

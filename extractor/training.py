@@ -36,7 +36,7 @@ from extractor.backbone import (
     PaddingMasks,
     level_sizes,
 )
-from extractor.config import DetectorConfig
+from extractor.config import DetectorConfig, StemPool
 from extractor.detector import RPN_BBOX_REG_WEIGHTS, BUTDDetector
 from extractor.preprocess import PreparedImage
 
@@ -179,8 +179,9 @@ def set_padding(
     backbone: nn.Module, image_sizes: list[tuple[int, int]], padded_hw: tuple[int, int]
 ) -> None:
     """Tell the backbone's MaskedBatchNorm2d layers the valid area of each image of the batch."""
-    padding = PaddingMasks(image_sizes, padded_hw, next(backbone.parameters()).device)
-    padded = level_sizes(*padded_hw)
+    pool = backbone.stem.pool
+    padding = PaddingMasks(image_sizes, padded_hw, next(backbone.parameters()).device, pool)
+    padded = level_sizes(*padded_hw, pool)
     masks = {padded[level]: m for level, m in padding.masks.items() if m is not None}
     for module in backbone.modules():
         if isinstance(module, MaskedBatchNorm2d):
@@ -291,12 +292,13 @@ def anchor_labels(
     return labels, matched.clamp(min=0)
 
 
-def _valid_anchors(image_sizes: list[tuple[int, int]], grid_hw: tuple[int, int], num_anchors: int):
+def _valid_anchors(image_sizes: list[tuple[int, int]], grid_hw: tuple[int, int], num_anchors: int,
+                   stem_pool: StemPool):
     """(N, H4 * W4 * A) bool: the anchors an image alone would have (its own part of the grid)."""
     h4, w4 = grid_hw
     inside = torch.zeros(len(image_sizes), h4, w4, dtype=torch.bool)
     for i, (h, w) in enumerate(image_sizes):
-        valid_h, valid_w = level_sizes(h, w)["res4"]
+        valid_h, valid_w = level_sizes(h, w, stem_pool)["res4"]
         inside[i, :valid_h, :valid_w] = True
     return inside.repeat_interleave(num_anchors, dim=2).view(len(image_sizes), -1)
 
@@ -316,7 +318,8 @@ def rpn_losses(
     generator_module = model.proposal_generator
     logits, deltas = generator_module.rpn_head(res4)  # (N, HWA), (N, HWA, 4)
     anchors = generator_module.anchor_generator.grid_anchors(*res4.shape[-2:])  # (HWA, 4)
-    valid = _valid_anchors(batch.image_sizes, tuple(res4.shape[-2:]), model.cfg.num_anchors)
+    valid = _valid_anchors(batch.image_sizes, tuple(res4.shape[-2:]), model.cfg.num_anchors,
+                           model.cfg.stem_pool)
     matcher = Matcher(cfg.rpn_fg_iou, cfg.rpn_bg_iou, allow_low_quality_matches=True)
     coder = BoxCoder(RPN_BBOX_REG_WEIGHTS)
     cls_terms, box_terms, sampled = [], [], 0

@@ -184,12 +184,9 @@ _DETECTOR_RULES = (  # their ResNet names -> BUTDDetector's (extractor/detector.
 
 def fast_rcnn_as_detector(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The file's CNN in our detector's names: `backbone.*` (stem..res4) and `roi_heads.res5.*` of
-    a BUTDDetector (depth 101, res5 dilated 2, stride in the 1x1: their e2e cfgs), for the
-    end-to-end front end (extractor/front_end.py); the file has no RPN nor predictors. Their
-    duplicate `head.0.*` and BatchNorm's `num_batches_tracked` are left out. One difference
-    remains outside the weights: their stem max-pools as torchvision (padding 1), ours as Caffe
-    (padding 0, ceil_mode), so the trunk's features differ from theirs; res5 on pooled RoIs
-    equals theirs (RoIAlign 14 x 14 at 1/16, sampling ratio 1, aligned False; mean = AvgPool 14)."""
+    a BUTDDetector of `fast_rcnn_detector_fields`, for the end-to-end front end
+    (extractor/front_end.py); the file has no RPN nor predictors. Their duplicate `head.0.*` and
+    BatchNorm's `num_batches_tracked` are left out."""
     out = {}
     for name, t in fast_rcnn_tensors(raw).items():
         name = name.removeprefix(FAST_RCNN)
@@ -199,6 +196,34 @@ def fast_rcnn_as_detector(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Te
             name = re.sub(pattern, repl, name)
         out[name] = t
     return out
+
+
+# bottleneck blocks in res2..res5 -> ResNet depth (their common/backbone/resnet model_layers)
+_DEPTHS = {(3, 4, 6, 3): 50, (3, 4, 23, 3): 101, (3, 8, 36, 3): 152}
+
+
+def fast_rcnn_detector_fields(raw: Mapping[str, torch.Tensor]) -> dict[str, object]:
+    """The DetectorConfig fields (extractor/config.py; plain values, as model/ never imports the
+    extractor) of the detector whose trunk and res5 equal the file's CNN: depth and width off its
+    shapes; the rest is what their end-to-end cfgs fix and no tensor records. IMAGE_C5_DILATED:
+    res5 at stride 1, dilated 2, on RoIAlign's 14 x 14 at 1/16, averaged (AvgPool2d(14));
+    IMAGE_STRIDE_IN_1x1: ours strides there too; their ResNet's stem max-pools as torchvision.
+    The region features equal theirs with the front end's "roi_align" pooler
+    (tests/test_vlbert_fast_rcnn.py). CheckpointError for a file without a CNN."""
+    cnn = {n.removeprefix(FAST_RCNN): t for n, t in fast_rcnn_tensors(raw).items()}
+    if "backbone.conv1.weight" not in cnn:
+        raise CheckpointError("the VL-BERT file carries no Fast R-CNN CNN (a model of "
+                              "precomputed features: IMAGE_FEAT_PRECOMPUTED): nothing to train "
+                              "end to end; take an e2e file, or give visual.weights")
+    stages = ([f"backbone.layer{i}." for i in (1, 2, 3)] + ["roi_head_feature_extractor."])
+    blocks = tuple(len({n[len(p):].split(".")[0] for n in cnn if n.startswith(p)})
+                   for p in stages)
+    if blocks not in _DEPTHS or "backbone.layer1.0.conv3.weight" not in cnn:
+        raise CheckpointError(f"the VL-BERT file's CNN has {blocks} blocks per stage: not a "
+                              f"bottleneck ResNet of depth {sorted(_DEPTHS.values())}")
+    return {"depth": _DEPTHS[blocks], "width": cnn["backbone.conv1.weight"].shape[0],
+            "stem_pool": "torchvision", "res5_dilation": 2, "pooler_resolution": 14,
+            "feature_stride": 16}
 
 
 def _unprefixed(raw: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,4 +1,5 @@
-"""The detector of an extraction run: built once per process (or Ray actor), and its record."""
+"""The detector of an extraction run: built once per process (or Ray actor), and its record; the
+detector an end-to-end run's front end starts from (pipeline/train/end_to_end.py)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,12 @@ from pathlib import Path
 
 import torch
 
+from extractor.config import DetectorConfig
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
-from extractor.weights import load_detector_weights, weights_hash
+from extractor.weights import detect_format, load_detector_weights, weights_hash
+from model.checkpoints import vlbert
+from model.checkpoints.common import read_released
 from pipeline.common.config import ConfigError
 from pipeline.common.devices import pick_device
 from pipeline.extract.config import AUTOCAST, ExtractJobConfig, resolve_job
@@ -33,6 +37,41 @@ def load_extraction_detector(config: str | None, weights: str) -> tuple[BUTDDete
     preprocessing)."""
     job = resolve_job(config, [])
     return load_detector(job, weights), job
+
+
+def vlbert_detector(path: str) -> BUTDDetector | None:
+    """The detector whose trunk and res5 are the CNN of VL-BERT's released file `path` (its
+    architecture: model/checkpoints/vlbert.py `fast_rcnn_detector_fields`, torchvision's stem
+    pool); None where `path` is no VL-BERT file (a detector checkpoint). The file holds no RPN nor
+    predictors: those of the detector are drawn from seed 0 and take no part in the front end, so
+    the DETECTOR_FILE a run writes from it serves `pipeline predict`, not `pipeline extract`.
+    CheckpointError for a VL-BERT file without its CNN (precomputed features)."""
+    if detect_format(path) != "torch":
+        return None
+    raw, _ = read_released(Path(path))
+    if not vlbert.looks_like(raw):
+        return None
+    config = DetectorConfig(**vlbert.fast_rcnn_detector_fields(raw))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        detector = BUTDDetector(config)
+    result = detector.load_state_dict(vlbert.fast_rcnn_as_detector(raw), strict=False)
+    trunk = [n for n in result.missing_keys if n.startswith(("backbone.", "roi_heads.res5."))]
+    assert not result.unexpected_keys and not trunk, (result.unexpected_keys, trunk)
+    return detector
+
+
+def load_front_end_detector(
+    extract_config: str | None, weights: str
+) -> tuple[BUTDDetector, ExtractJobConfig]:
+    """(detector, the extraction's resolved config) an end-to-end run's front end starts from:
+    `weights` is VL-BERT's released file (`vlbert_detector`) or the checkpoint of the detector the
+    shards were extracted with (`load_extraction_detector`); extract_config is that extraction's
+    config (None: the preset defaults), whose preprocessing the images take."""
+    detector = vlbert_detector(weights)
+    if detector is None:
+        return load_extraction_detector(extract_config, weights)
+    return detector, resolve_job(extract_config, [])
 
 
 def detector_record(

@@ -34,7 +34,8 @@ VCR, RefCOCO+ and Flickr30K take ViLBERT's recipes: 4-way multiple choice (Q->A 
 VCR, a score per region trained on its IoU with the referred box for RefCOCO+, 4-way multiple
 choice with a random caption, a random image and a hard negative for Flickr30K. VQA and GQA can
 train the detector end to end: `--set visual.trainable=true --set visual.weights=DETECTOR` (see
-`pipeline pretrain --help`).
+`pipeline pretrain --help`); from VL-BERT's `vl-bert-*-e2e.model` the CNN the file carries trains
+(visual.weights may stay empty; VL-BERT's pooler: `--set visual.pooler=roi_align`).
 
 Examples:
   pipeline finetune vqa --from runs/lxmert --out runs/vqa \\

@@ -109,7 +109,7 @@ class FinetuneConfig:
     def check(self) -> FinetuneConfig:
         """The checks across sections (run after all overrides); returns self."""
         check_schedule(self.data.batch_size, self.optim, self.run)
-        self.visual.check()
+        self.visual.check(self.init)
         check_cuda_graph(self)
         if not self.data.train or not self.data.val:
             raise ConfigError("set data.train (subsets to train on) and data.val (one subset)")

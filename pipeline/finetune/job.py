@@ -160,9 +160,14 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
         config, vocab=vocab, vocab_size=tokenizer.vocab_size, feature_dim=feature_dim, rank=rank,
         pretrain_answers=pretrain_answers,
     )
+    # A trunk trained end to end with no visual.weights starts from the init file's CNN
+    # (VL-BERT's end-to-end files carry one): the run records that file as its weights.
+    visual = config.visual
+    if visual.trainable and not visual.weights:
+        visual = replace(visual, weights=config.init)
     # The run records the encoder it trained, so `pipeline predict` rebuilds the model from it.
     config = replace(config, model=encoder_config, init="", init_answers="",
-                     run=replace(config.run, init_text=""))
+                     run=replace(config.run, init_text=""), visual=visual)
     if rank == 0:
         print(f"{config.task}: {len(train)} training, {len(val)} validation examples"
               + (f", {len(vocab)} answers" if vocab is not None else ""))
@@ -181,12 +186,12 @@ def finetune_job(values: dict, rank: int, world: int) -> Job:
             raise ConfigError(f"visual.trainable: end-to-end training takes rows of one image; "
                               f"{config.task}'s rows have several (train it on frozen features)")
         # Only here: the detector's modules import torchvision (~180 MB a worker process).
-        from pipeline.extract.detector import load_extraction_detector
+        from pipeline.extract.detector import load_front_end_detector
         from pipeline.train.end_to_end import train_detector_with
 
         module, pixels, save_detector = train_detector_with(
             visual, module, features[train[0].images[0]], ", ".join(config.data.shards), device,
-            partial(load_extraction_detector, visual.extract_config or None, visual.weights))
+            partial(load_front_end_detector, visual.extract_config or None, visual.weights))
 
     def export(module: nn.Module) -> tuple[str, object, dict]:
         module = module.model if visual.trainable else module

@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import yaml
 
+from extractor.detector import BUTDDetector
+from extractor.weights import load_detector_weights, read_detector_config
 from model.tasks import TaskModel
 from pipeline.common.progress import progress_bar
 from pipeline.finetune.answers import AnswerVocab
@@ -33,7 +35,7 @@ from pipeline.finetune.objective import TaskRows
 from pipeline.finetune.retrieval import CaptionExample, RetrievalTask, score_matrix
 from pipeline.finetune.tasks import task_objective
 from pipeline.finetune.vcr import prediction_items, vcr_predictions
-from pipeline.extract.detector import load_extraction_detector
+from pipeline.extract.config import resolve_job
 from pipeline.train.batch import TrainBatch
 from pipeline.train.checkpoint import latest_checkpoint, load_state
 from pipeline.train.end_to_end import DETECTOR_FILE, end_to_end, require_images
@@ -116,8 +118,11 @@ def _with_front_end(config: FinetuneConfig, model: TaskModel, ckpt: Path):
     if not detector_file.is_file():
         raise TaskDataError(f"{ckpt}: no {DETECTOR_FILE}, though the run trained its detector "
                             "(visual.trainable)")
-    detector, extraction = load_extraction_detector(config.visual.extract_config or None,
-                                                    str(detector_file))
+    # The file records the architecture it trained (VL-BERT's CNN's own, where the run started
+    # from one); the extraction config, the images' preprocessing.
+    detector = BUTDDetector(read_detector_config(detector_file))
+    load_detector_weights(detector, detector_file)
+    extraction = resolve_job(config.visual.extract_config or None, [])
     wrapped, pixels = end_to_end(config.visual, model, detector, extraction.preprocess,
                                  torch.device("cpu"))
     return wrapped, replace(pixels, flip_prob=0.0)

@@ -143,12 +143,12 @@ def pretrain_job(values: dict, rank: int, world: int) -> Job:
     visual = config.visual
     if visual.trainable:
         # Only here: the detector's modules import torchvision (~180 MB a worker process).
-        from pipeline.extract.detector import load_extraction_detector
+        from pipeline.extract.detector import load_front_end_detector
         from pipeline.train.end_to_end import train_detector_with
 
         module, pixels, save_detector = train_detector_with(
             visual, module, first, ", ".join(data.shards), device,
-            partial(load_extraction_detector, visual.extract_config or None, visual.weights))
+            partial(load_front_end_detector, visual.extract_config or None, visual.weights))
 
     def export(module: nn.Module) -> tuple[str, object, dict]:
         # The pretraining model is exported whole, heads included (LXMERT's QA head transfers to

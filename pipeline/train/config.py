@@ -91,7 +91,8 @@ class VisualConfig:
     extract_config: the extraction config (YAML) the shards were made with: the detector's
         architecture and the image preprocessing (empty: the preset defaults of `pipeline
         extract`). weights: the detector checkpoint the shards were made with (any format
-        `pipeline extract --weights` reads); required when trainable.
+        `pipeline extract --weights` reads), or VL-BERT's released end-to-end file (its CNN);
+        required when trainable, but where a fine-tuning `init` carries the CNN.
     frozen_stages: the trunk's stages that do not train (VL-BERT: stem, res2).
     pooler: "roi_pool" (the detector's: untrained features are the extracted ones) or
         "roi_align" (VL-BERT's). checkpoint_res5: recompute res5 in the backward (memory).
@@ -121,11 +122,13 @@ class VisualConfig:
         except ValueError as err:
             raise ConfigError(f"visual.{err}") from err
 
-    def check(self) -> None:
-        """The check across fields (after every override: `--set` applies them one by one)."""
-        if self.trainable and not self.weights:
+    def check(self, init: str = "") -> None:
+        """The check across fields (after every override: `--set` applies them one by one).
+        init: the checkpoint the model starts from, whose CNN the trunk takes where
+        visual.weights is empty (VL-BERT's end-to-end files carry one)."""
+        if self.trainable and not self.weights and not init:
             raise ConfigError("visual.trainable needs visual.weights: the detector checkpoint "
-                              "the shards were extracted with")
+                              "the shards were extracted with (or VL-BERT's end-to-end file)")
 
     def front_end_config(self) -> VisualFrontEndConfig:
         return VisualFrontEndConfig(frozen_stages=self.frozen_stages, pooler=self.pooler,

@@ -13,6 +13,12 @@ RoI zeroed before the trunk (`mask_pixels`), random horizontal flips of image an
 (`flip_prob`; VL-BERT flips with 0.5 where its task allows; 0 by default here, as a flip turns
 "left" into "right"). A checkpoint holds the trunk in the model state (exact resume) and the
 whole detector as DETECTOR_FILE, which `pipeline extract --weights` re-extracts with.
+
+The trunk starts from `visual.weights`: a detector checkpoint (the one the shards were extracted
+with), or VL-BERT's released end-to-end file, whose Fast R-CNN CNN (`image_feature_extractor.*`)
+is the trunk and res5 VL-BERT trained with its transformer (both read by
+pipeline/extract/detector.py `load_front_end_detector`). Fine-tuning from such a file (`--from
+vl-bert-base-e2e.model`) takes its CNN when visual.weights is left empty.
 """
 
 from __future__ import annotations
