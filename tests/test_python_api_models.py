@@ -6,10 +6,14 @@ writes our format, which loads back equal; a fine-tuned run answers in Python
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from test_finetune import TINY, finetune, nlvr2_sets
 from test_finetune_released import RELEASED
 
 import model
@@ -17,6 +21,13 @@ from model.archs import ARCHS
 from model.checkpoints import save_hf, save_official
 from model.lxmert import LxmertConfig
 from model.visualbert import VisualBertConfig
+from pipeline.cli import main
+from pipeline.evaluate.flickr30k import read_retrieval_predictions
+from pipeline.finetune import load_predictor
+from pipeline.finetune.answers import AnswerVocab
+from pipeline.finetune.data import subset_examples
+from shards.schema import Sample
+from shards.store import FeatureStore
 
 WRITERS = {"hf": save_hf, "official": save_official}
 
@@ -87,3 +98,105 @@ def test_save_refuses_a_model_no_checkpoint_holds(tmp_path):
     with pytest.raises(model.CheckpointError, match="AnswerModel is not a model our format"):
         model.save(AnswerModel(encoder, 3), tmp_path / "task")
     assert not (tmp_path / "task").exists()
+
+
+# --- a fine-tuned run in Python: the answers of `pipeline predict` --------------------------------
+
+
+def _run(task: str, world, tmp_path: Path, root: Path, shards: Path, val: str) -> Path:
+    run = tmp_path / task.rstrip("+")
+    sets = [f"data.root={root}", "data.train=[train]", f"data.val={val}", f"data.shards=[{shards}]",
+            "data.batch_size=4", "run.max_steps=3"]
+    assert finetune(task, run, sets + TINY) == 0
+    return run
+
+
+def _predicted(task: str, run: Path, subset: str, out: Path) -> Path:
+    assert main(["predict", task, "--run", str(run), "--subset", subset, "--out", str(out)]) == 0
+    return out
+
+
+class _Regions:
+    """Not a Sample: what the extractor returns for an image (features, pixel boxes, size)."""
+
+    def __init__(self, sample: Sample) -> None:
+        self.features = sample.arrays["features"]
+        self.boxes_xyxy_abs = sample.arrays["boxes"]
+        self.image_width, self.image_height = sample.meta["width"], sample.meta["height"]
+
+
+def test_a_vqa_run_answers_in_python_what_pipeline_predict_writes(pretrain_world, tiny_vqa_run,
+                                                                   tmp_path):
+    run = tiny_vqa_run
+    written = json.loads(_predicted("vqa", run, "val2014", tmp_path / "vqa.json").read_text())
+    vqa = load_predictor(run)
+    store = FeatureStore(pretrain_world.shards[0])
+    questions = subset_examples("vqa", pretrain_world.world / "vqa", "val2014")
+    assert len(questions) == len(written) > 5
+    vocab = set(AnswerVocab.load(run / "answers.json").answers)
+    for question, row in zip(questions, written):
+        answers = vqa(question.sentence, store[question.images[0]], top_k=3)
+        assert int(question.id) == row["question_id"]
+        assert answers[0].answer == row["answer"]
+        scores = [a.score for a in answers]
+        assert len(answers) == 3 and 1 >= scores[0] >= scores[1] >= scores[2] > 0
+        assert {a.answer for a in answers} <= vocab
+    # the extractor's regions (boxes in pixels, the image size) give the same answers
+    first = questions[0]
+    assert (vqa(first.sentence, _Regions(store[first.images[0]]))
+            == vqa(first.sentence, store[first.images[0]]))
+    with pytest.raises(ValueError, match="no boxes_xyxy_abs or boxes"):
+        vqa(first.sentence, object())
+
+
+def test_an_nlvr2_run_judges_each_pair_as_pipeline_predict(pretrain_world, tmp_path):
+    run = tmp_path / "nlvr2"
+    assert finetune("nlvr2", run, nlvr2_sets(pretrain_world) + TINY, "run.max_steps=3") == 0
+    rows = list(csv.reader(_predicted("nlvr2", run, "dev", tmp_path / "dev.csv").open()))
+    nlvr2 = load_predictor(run)
+    store = FeatureStore(pretrain_world.nlvr2)
+    examples = subset_examples("nlvr2", pretrain_world.world / "nlvr2", "dev")
+    assert [e.id for e in examples] == [r[0] for r in rows]
+    for example, (_, label) in zip(examples, rows):
+        verdicts = nlvr2(example.sentence, [store[k] for k in example.images])
+        assert verdicts[0].answer == label
+        assert {v.answer for v in verdicts} == {"True", "False"}
+        assert verdicts[0].score + verdicts[1].score == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="pair of images"):
+        nlvr2(examples[0].sentence, [store[examples[0].images[0]]])
+
+
+@pytest.mark.slow  # a third and fourth fine-tuning run: 10 s each on 2 cores
+def test_a_refcoco_run_ranks_the_regions_its_prediction_chose(pretrain_world, tmp_path):
+    refs = pretrain_world.world / "refcoco+"
+    run = _run("refcoco+", pretrain_world, tmp_path, refs, pretrain_world.shards[0], "val")
+    written = json.loads(_predicted("refcoco+", run, "val", tmp_path / "ref.json").read_text())
+    refer = load_predictor(run)
+    store = FeatureStore(pretrain_world.shards[0])
+    expressions = subset_examples("refcoco+", refs, "val")
+    assert [int(e.id) for e in expressions] == [row["sent_id"] for row in written]
+    for expression, row in zip(expressions, written):
+        sample = store[expression.images[0]]
+        ranked = refer(expression.sentence, sample)
+        assert list(ranked[0].box_xyxy) == row["box"]
+        regions = min(sample.num_boxes, refer.run.config.data.max_boxes)
+        assert sorted(r.region for r in ranked) == list(range(regions))
+        assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
+
+
+@pytest.mark.slow  # a third and fourth fine-tuning run: 10 s each on 2 cores
+def test_a_flickr30k_run_scores_the_matrix_pipeline_predict_writes(pretrain_world, flickr_shards,
+                                                                   tmp_path):
+    karpathy = pretrain_world.world / "flickr30k"
+    run = _run("flickr30k", pretrain_world, tmp_path, karpathy, flickr_shards, "val")
+    written = read_retrieval_predictions(_predicted("flickr30k", run, "test",
+                                                    tmp_path / "test.npz"))
+    retrieve = load_predictor(run)
+    captions = subset_examples("flickr30k", karpathy, "test")
+    by_imgid = {c.imgid: c.images[0] for c in captions}
+    by_sentid = {int(c.id): c.sentence for c in captions}
+    store = FeatureStore(flickr_shards)
+    scores = retrieve([by_sentid[s] for s in written.sentids.tolist()],
+                      [store[by_imgid[i]] for i in written.imgids.tolist()])
+    assert scores.shape == written.scores.shape and scores.dtype == np.float32
+    np.testing.assert_allclose(scores, written.scores, rtol=1e-5, atol=1e-6)
