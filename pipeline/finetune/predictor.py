@@ -145,7 +145,8 @@ class AnswerPredictor(Predictor):
         example = _example(self.task, question, 1)
         scores = torch.sigmoid(self._outputs([example], [(as_sample(regions),)])[0])  # (A,)
         values, rows = scores.topk(min(top_k, len(scores)))
-        answers = self.run.vocab.answers if self.run.vocab is not None else ()
+        assert self.run.vocab is not None  # load_run_model reads one for every answer task
+        answers = self.run.vocab.answers
         return [Answer(answers[r], float(v)) for v, r in zip(values.tolist(), rows.tolist())]
 
 
@@ -172,9 +173,9 @@ class RegionPredictor(Predictor):
         example = RefExample(self.task, "0", (sample.key,), expression, (0.0, 0.0, 0.0, 0.0))
         scores = self._outputs([example], [(sample,)])[0]  # (N,), -inf on padding: none here
         order = scores.argsort(descending=True, stable=True).tolist()
-        boxes = sample.arrays["boxes"]
-        return [RegionChoice(r, tuple(float(v) for v in boxes[r]), float(torch.sigmoid(scores[r])))
-                for r in order]
+        boxes = sample.arrays["boxes"].tolist()
+        return [RegionChoice(r, (boxes[r][0], boxes[r][1], boxes[r][2], boxes[r][3]),
+                             float(torch.sigmoid(scores[r]))) for r in order]
 
 
 class RetrievalPredictor(Predictor):
