@@ -166,7 +166,6 @@ def test_an_nlvr2_run_judges_each_pair_as_pipeline_predict(pretrain_world, tmp_p
         nlvr2(examples[0].sentence, [store[examples[0].images[0]]])
 
 
-@pytest.mark.slow  # a third and fourth fine-tuning run: 10 s each on 2 cores
 def test_a_refcoco_run_ranks_the_regions_its_prediction_chose(pretrain_world, tmp_path):
     refs = pretrain_world.world / "refcoco+"
     run = _run("refcoco+", pretrain_world, tmp_path, refs, pretrain_world.shards[0], "val")
@@ -184,7 +183,6 @@ def test_a_refcoco_run_ranks_the_regions_its_prediction_chose(pretrain_world, tm
         assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
 
 
-@pytest.mark.slow  # a third and fourth fine-tuning run: 10 s each on 2 cores
 def test_a_flickr30k_run_scores_the_matrix_pipeline_predict_writes(pretrain_world, flickr_shards,
                                                                    tmp_path):
     karpathy = pretrain_world.world / "flickr30k"
