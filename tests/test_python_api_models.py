@@ -7,6 +7,7 @@ writes our format, which loads back equal; a fine-tuned run answers in Python
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from test_finetune import TINY, finetune, nlvr2_sets
 from test_finetune_released import RELEASED
 
 import model
+from extractor.features import RegionFeatures
 from model.archs import ARCHS
 from model.checkpoints import save_hf, save_official
 from model.lxmert import LxmertConfig
@@ -116,13 +118,14 @@ def _predicted(task: str, run: Path, subset: str, out: Path) -> Path:
     return out
 
 
-class _Regions:
-    """Not a Sample: what the extractor returns for an image (features, pixel boxes, size)."""
-
-    def __init__(self, sample: Sample) -> None:
-        self.features = sample.arrays["features"]
-        self.boxes_xyxy_abs = sample.arrays["boxes"]
-        self.image_width, self.image_height = sample.meta["width"], sample.meta["height"]
+def _regions(sample: Sample) -> RegionFeatures:
+    """Not a Sample: what the extractor returns for an image (pixel boxes, the image size)."""
+    a = sample.arrays
+    return RegionFeatures(
+        image_height=sample.meta["height"], image_width=sample.meta["width"],
+        boxes_xyxy_abs=a["boxes"], object_ids=a["object_ids"].astype(np.int64),
+        object_conf=a["object_conf"], attr_ids=a["attr_ids"].astype(np.int64),
+        attr_conf=a["attr_conf"], features=a["features"])
 
 
 def test_a_vqa_run_answers_in_python_what_pipeline_predict_writes(pretrain_world, tiny_vqa_run,
@@ -142,11 +145,13 @@ def test_a_vqa_run_answers_in_python_what_pipeline_predict_writes(pretrain_world
         assert len(answers) == 3 and 1 >= scores[0] >= scores[1] >= scores[2] > 0
         assert {a.answer for a in answers} <= vocab
     # the extractor's regions (boxes in pixels, the image size) give the same answers
-    first = questions[0]
-    assert (vqa(first.sentence, _Regions(store[first.images[0]]))
-            == vqa(first.sentence, store[first.images[0]]))
+    first, sample = questions[0], store[questions[0].images[0]]
+    assert vqa(first.sentence, _regions(sample)) == vqa(first.sentence, sample)
     with pytest.raises(ValueError, match="no boxes_xyxy_abs or boxes"):
         vqa(first.sentence, object())
+    cut = dataclasses.replace(_regions(sample), boxes_xyxy_abs=sample.arrays["boxes"][1:])
+    with pytest.raises(ValueError, match=r"features must be \(N, D\) and boxes \(N, 4\)"):
+        vqa(first.sentence, cut)
 
 
 def test_an_nlvr2_run_judges_each_pair_as_pipeline_predict(pretrain_world, tmp_path):
