@@ -1,5 +1,10 @@
 """Cross-modal transformers over region features: LXMERT, VisualBERT, VL-BERT and ViLBERT.
 
+The public API is `__all__`: `load(path)` (any checkpoint format, a model ready to run) and
+`save(model, dir)` (our format), the four configs and encoders, `ARCHS` (the table of the four)
+and `CheckpointError`; model.checkpoints is the formats' own API (`load_checkpoint`, `save_hf`,
+...). Everything else may change.
+
 This package depends on torch only: it never imports `pipeline`, `extractor`, `shards` or Ray, so
 a model runs in a notebook or on a GPU box without the rest of the project.
 
@@ -22,3 +27,29 @@ checkpoint holds). Heads shared by the architectures live in model/heads.py; pre
 in lxmert.py, the others in `<arch>_pretraining.py`; task models (QA, NLVR2 pair, multiple
 choice, region score, retrieval) for any encoder in tasks.py.
 """
+
+from model.api import load, save
+from model.archs import ARCH_NAMES, ARCHS, Arch
+from model.errors import CheckpointError
+from model.lxmert import LxmertConfig, LxmertForPreTraining, LxmertModel
+from model.vilbert import VilBertConfig, VilBertModel
+from model.visualbert import VisualBertConfig, VisualBertModel
+from model.vlbert import VlBertConfig, VlBertModel
+
+__all__ = [
+    "ARCHS",
+    "ARCH_NAMES",
+    "Arch",
+    "CheckpointError",
+    "LxmertConfig",
+    "LxmertForPreTraining",
+    "LxmertModel",
+    "VilBertConfig",
+    "VilBertModel",
+    "VisualBertConfig",
+    "VisualBertModel",
+    "VlBertConfig",
+    "VlBertModel",
+    "load",
+    "save",
+]

@@ -114,6 +114,17 @@ def pretrain_world(tmp_path_factory) -> PretrainWorld:
 
 
 @pytest.fixture(scope="session")
+def tiny_vqa_run(pretrain_world, tmp_path_factory) -> Path:
+    """A tiny LXMERT fine-tuned three steps on the world's VQA (test_finetune.py's settings),
+    shared by the Python API's tests and its documentation's."""
+    from test_finetune import TINY, finetune, vqa_sets
+
+    run = tmp_path_factory.mktemp("tiny_vqa") / "vqa"
+    assert finetune("vqa", run, vqa_sets(pretrain_world) + TINY, "run.max_steps=3") == 0
+    return run
+
+
+@pytest.fixture(scope="session")
 def flickr_shards(pretrain_world, tmp_path_factory) -> Path:
     """The pretraining world's Flickr30K images extracted (images kept): the analyses' input."""
     from pipeline.demo.world_setup import Extraction, extract

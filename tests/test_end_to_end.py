@@ -171,7 +171,8 @@ def test_vqa_fine_tuning_trains_the_detector_too(image_world, tmp_path):
 
     # It predicts as it trained: its own detector computes the features from the images.
     from pipeline.finetune.data import Features, subset_examples
-    from pipeline.finetune.predict import load_run_model, predict_subset
+    from pipeline.finetune.predict import predict_subset
+    from pipeline.finetune.run_model import load_run_model
     from pipeline.train.end_to_end import EndToEnd
 
     predictions = predict_subset("vqa", out, "val2014")

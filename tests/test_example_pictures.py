@@ -21,7 +21,7 @@ from model.visualbert import VisualBertConfig, VisualBertModel
 from pipeline.common.config import to_dict
 from pipeline.demo.pictures import FOCUS_COLOR, read_example, write_example_pictures
 from pipeline.finetune.data import task_examples
-from pipeline.finetune.predict import load_run_model
+from pipeline.finetune.run_model import load_run_model
 from pipeline.extract.show import load_sample, sample_image
 from pipeline.common.text import encode_texts
 from shards.batch import collate_regions

@@ -163,7 +163,7 @@ def test_fine_tuning_from_their_e2e_file_trains_the_cnn_it_carries(image_world, 
     import yaml
     from test_finetune import finetune, vqa_sets
 
-    from pipeline.finetune.predict import load_run_model
+    from pipeline.finetune.run_model import load_run_model
     from pipeline.train.checkpoint import checkpoint_dirs
     from pipeline.train.end_to_end import DETECTOR_FILE, EndToEnd
 

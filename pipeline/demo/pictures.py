@@ -36,7 +36,7 @@ from pipeline.extract.show import (
 )
 from pipeline.finetune.examples import Example
 from pipeline.finetune.objective import AnswerTask
-from pipeline.finetune.predict import RunModel, load_run_model
+from pipeline.finetune.run_model import RunModel, load_run_model
 from shards.schema import Sample
 
 BOXES_FILE = "boxes.png"

@@ -5,5 +5,31 @@ vocabularies, the soft-score targets and the row mapping of LXMERT's pretrained 
 holds `pipeline finetune`'s settings; data.py joins examples with their images' features (the
 shards' random-access store) and batches them; objective.py turns batches into losses, metrics and
 predictions; job.py builds the model and the Job the shared trainer (pipeline/train/) runs;
-predict.py writes the benchmarks' submission files; command.py and predict_command.py are the verbs.
+run_model.py rebuilds a run for inference; predictor.py answers with it in Python
+(`load_predictor`, the public API: __all__); predict.py writes the benchmarks' submission files
+through the same predictor; command.py and predict_command.py are the verbs.
 """
+
+from pipeline.finetune.predictor import (
+    Answer,
+    AnswerPredictor,
+    PairPredictor,
+    Predictor,
+    RegionChoice,
+    RegionPredictor,
+    RetrievalPredictor,
+    as_sample,
+    load_predictor,
+)
+
+__all__ = [
+    "Answer",
+    "AnswerPredictor",
+    "PairPredictor",
+    "Predictor",
+    "RegionChoice",
+    "RegionPredictor",
+    "RetrievalPredictor",
+    "as_sample",
+    "load_predictor",
+]

@@ -65,6 +65,12 @@ class TaskRows:
         """None for a static batch whose every region is real, else the mask."""
         return None if self.static_shapes and bool(region_mask.all()) else region_mask
 
+    def predict(self, model: nn.Module, batch: TrainBatch,
+                samples: Sequence[tuple[Sample, ...]]) -> list:
+        """Each row's prediction as the task's submission file holds it (each task's own;
+        Flickr30K scores a matrix instead: retrieval.score_matrix)."""
+        raise NotImplementedError(f"{type(self).__name__} makes no prediction row by row")
+
 
 class AnswerTask(TaskRows):
     """VQA / GQA: see the module docstring."""
