@@ -1,0 +1,158 @@
+"""issue 61, goal 1: `extractor.load(...)(images)` in Python gives the arrays `pipeline extract`
+stores, bit for bit, for any mix of paths, PIL images, numpy arrays and tensors; `Regions.show`
+draws the picture `pipeline show` draws; bad inputs fail by name.
+
+The bundled world detector at the lxmert preset (cv2 resize, 36 boxes), on images resized to
+192-320 pixels (the preset's 600-1000 took 4 times as long): the CLI reads the architecture from a
+--config holding the detector's section, Python from the weights file."""
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from skimage import data
+
+import extractor
+from extractor.config import DetectorConfig, PreprocessConfig
+from pipeline.cli import main
+from pipeline.common.assets import bundled_detector
+from shards.reader import iter_samples
+
+CONFIG, WEIGHTS = bundled_detector()
+SIZES = {"min_size": 192, "max_size": 320}
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """Three photographs of different sizes and modes (RGB JPEG, RGB PNG, grey JPEG), and a
+    file that is not an image."""
+    root = tmp_path_factory.mktemp("photos")
+    Image.fromarray(data.astronaut()).resize((160, 160)).save(root / "astronaut.jpg")
+    Image.fromarray(data.coffee()).resize((200, 150)).save(root / "coffee.png")
+    Image.fromarray(data.camera()).resize((120, 180)).save(root / "camera.jpg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def extracted(photos, tmp_path_factory):
+    """`pipeline extract` of the photos with the world detector at the lxmert preset: the shard
+    directory and its samples by image id."""
+    tmp = tmp_path_factory.mktemp("cli")
+    config = tmp / "detector.yaml"
+    config.write_text(yaml.safe_dump({"detector": yaml.safe_load(CONFIG.read_text())["detector"]}))
+    out = tmp / "shards"
+    code = main(["extract", "--dataset", "folder", "--root", str(photos), "--out", str(out),
+                 "--weights", str(WEIGHTS), "--config", str(config), "--preset", "lxmert",
+                 "--engine", "local", "--device", "cpu", "--set", "run.batch_size=2",
+                 *(f"--set=preprocess.{k}={v}" for k, v in SIZES.items())])
+    assert code == 0
+    return out, {s.meta["image_id"]: s for s in iter_samples(out)}
+
+
+@pytest.fixture(scope="module")
+def ext():
+    preprocess = PreprocessConfig(resize="cv2", **SIZES)
+    return extractor.load(WEIGHTS, preset="lxmert", device="cpu", batch_size=2,
+                          preprocess=preprocess)
+
+
+def _same_as_stored(regions, sample):
+    """Every array of `regions` equals the sample's, bit for bit (ids stored as int32)."""
+    stored = sample.arrays
+    assert (regions.image_height, regions.image_width) == (sample.meta["height"],
+                                                           sample.meta["width"])
+    assert sorted(regions.arrays()) == sorted(stored)
+    for name, array in regions.arrays().items():
+        assert array.dtype == stored[name].dtype or name.endswith("_ids"), name
+        np.testing.assert_array_equal(array, stored[name], err_msg=name)
+
+
+def test_any_mix_of_inputs_gives_the_arrays_pipeline_extract_stores(photos, extracted, ext):
+    """The CLI's batches (run.batch_size 2, the folder in name order) and the same images as
+    paths, PIL images, numpy arrays and tensors in batches of 2: the same bits. (Other batches
+    agree to float rounding only: a batch is padded to its largest image, tests/
+    test_extractor_batching.py.)"""
+    _, samples = extracted
+    names = ["astronaut.jpg", "camera.jpg", "coffee.png"]
+    pil = [Image.open(photos / name) for name in names]
+    rgb = [np.array(image.convert("RGB")) for image in pil]
+    mixes = [
+        [photos / names[0], torch.from_numpy(rgb[1]).permute(2, 0, 1), rgb[2]],
+        [pil[0], rgb[1][..., 0], str(photos / names[2])],  # the grey camera as (H, W)
+    ]
+    for inputs in mixes:
+        regions = ext(inputs)
+        for result, image_id in zip(regions, ["astronaut", "camera", "coffee"], strict=True):
+            assert isinstance(result, extractor.Regions)
+            assert result.num_boxes == 36
+            _same_as_stored(result, samples[image_id])
+    assert regions[1].name == "image 1 (numpy array (180, 120))"
+    assert regions[0].object_names[0] == extractor.object_names()[regions[0].object_ids[0]]
+    one = ext(pil[2])  # not in a list: one result (alone in its batch, as in the CLI's)
+    assert one.source is pil[2] and one.image_size == (150, 200)
+    _same_as_stored(one, samples["coffee"])
+
+
+def test_show_draws_the_picture_of_pipeline_show(photos, extracted, ext, tmp_path):
+    shards, _ = extracted
+    out = tmp_path / "shown.png"
+    assert main(["show", "--shards", str(shards), "--key", "folder-coffee", "--out", str(out),
+                 "--max-boxes", "5"]) == 0
+    drawn = ext(photos / "coffee.png").show(max_boxes=5)
+    np.testing.assert_array_equal(np.asarray(drawn), np.asarray(Image.open(out)))
+    plain = np.asarray(Image.open(photos / "coffee.png"))
+    assert (np.asarray(drawn) != plain).any()  # boxes were drawn
+
+
+def test_a_bad_input_raises_naming_it(photos, ext):
+    notes = photos / "notes.jpg"
+    notes.write_text("this is not an image\n")
+    cases = [
+        (notes, f"{notes}: not a recognised image format"),
+        (photos / "missing.jpg", f"{photos / 'missing.jpg'}: unreadable: No such file or directory"),
+        (np.zeros((0, 40, 3), np.uint8),
+         "image 0 (numpy array (0, 40, 3)): too small: 40x0 is smaller than the minimum side of "
+         "16 px"),
+        (np.zeros((40, 40, 3), np.float32),
+         "image 0 (numpy array (40, 40, 3)): unsupported dtype float32: expected uint8, 0-255"),
+        (torch.zeros(4, 40, 40, dtype=torch.uint8),
+         "image 0 (tensor (4, 40, 40)): unsupported shape (4, 40, 40): expected (3, H, W) RGB or "
+         "(H, W) grey"),
+        ([[1, 2]], "image 0 (list): unsupported input list: expected a path, a PIL image, a numpy "
+                   "array or a tensor"),
+    ]
+    for item, message in cases:
+        with pytest.raises(extractor.ImageError) as caught:
+            ext([item])
+        assert str(caught.value) == message
+
+
+def test_errors_return_keeps_the_good_images(photos, extracted, ext):
+    _, samples = extracted
+    bad = np.zeros((40, 40, 3), np.float32)
+    # Batches of 2 as given, bad inputs left out of theirs: the CLI's batches of these images.
+    results = ext([photos / "astronaut.jpg", photos / "camera.jpg", bad, photos / "coffee.png",
+                   photos / "missing.jpg"], errors="return")
+    assert [type(r) for r in results] == [extractor.Regions, extractor.Regions,
+                                          extractor.ImageFailure, extractor.Regions,
+                                          extractor.ImageFailure]
+    assert results[2].index == 2 and results[2].source is bad
+    assert results[2].error.startswith("image 2 (numpy array (40, 40, 3)): unsupported dtype")
+    assert results[4].error == f"{photos / 'missing.jpg'}: unreadable: No such file or directory"
+    for result, image_id in zip([results[i] for i in (0, 1, 3)], ["astronaut", "camera", "coffee"]):
+        _same_as_stored(result, samples[image_id])
+    with pytest.raises(ValueError, match="errors = 'ignore'"):
+        ext([photos / "coffee.png"], errors="ignore")
+
+
+def test_load_reads_the_architecture_a_checkpoint_of_ours_records(tmp_path):
+    ext = extractor.load(WEIGHTS, preset="pb-demo")
+    stored = yaml.safe_load(CONFIG.read_text())["detector"]
+    assert ext.cfg.detector == DetectorConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                                 for k, v in stored.items()})
+    assert ext.cfg.preset == "pb-demo" and ext.cfg.selection.rank == "detection"
+    with pytest.raises(extractor.WeightsError, match="does not exist"):
+        extractor.load(tmp_path / "none.safetensors")
+    with pytest.raises(ValueError, match="unknown preset 'lxmrt'"):
+        extractor.load(WEIGHTS, preset="lxmrt")
