@@ -1,6 +1,7 @@
-"""issue 61, goal 1: `extractor.load(...)(images)` in Python gives the arrays `pipeline extract`
+"""issue 61, goals 1 and 2. Goal 1: `extractor.load(...)(images)` in Python gives the arrays `pipeline extract`
 stores, bit for bit, for any mix of paths, PIL images, numpy arrays and tensors; `Regions.show`
-draws the picture `pipeline show` draws; bad inputs fail by name.
+draws the picture `pipeline show` draws; bad inputs fail by name. Goal 2: shards in one's own
+loop (shards.RegionBatches, FeatureStore), and plain webdataset reading our shards.
 
 The bundled world detector at the lxmert preset (cv2 resize, 36 boxes), on images resized to
 192-320 pixels (the preset's 600-1000 took 4 times as long): the CLI reads the architecture from a
@@ -14,10 +15,13 @@ from PIL import Image
 from skimage import data
 
 import extractor
+import shards
 from extractor.config import DetectorConfig, PreprocessConfig
 from pipeline.cli import main
 from pipeline.common.assets import bundled_detector
 from shards.reader import iter_samples
+from shards.schema import build_sample
+from shards.writer import ShardWriter
 
 CONFIG, WEIGHTS = bundled_detector()
 SIZES = {"min_size": 192, "max_size": 320}
@@ -156,3 +160,100 @@ def test_load_reads_the_architecture_a_checkpoint_of_ours_records(tmp_path):
         extractor.load(tmp_path / "none.safetensors")
     with pytest.raises(ValueError, match="unknown preset 'lxmrt'"):
         extractor.load(WEIGHTS, preset="lxmrt")
+
+
+# --- goal 2: shards in one's own loop -----------------------------------------------------------
+
+
+def _write_shard_set(out, shards=3, per_shard=3, dim=8):
+    """`shards` shards of `per_shard` samples, sample i with i + 1 regions of `dim` features
+    whose values say which sample and region they are (i + region / 100)."""
+    rng = np.random.default_rng(0)
+    i = 0
+    for shard in range(shards):
+        with ShardWriter(out, f"{shard:05d}") as writer:
+            for _ in range(per_shard):
+                n = i + 1
+                writer.write(build_sample(
+                    dataset="coco", image_id=str(100 + i), split="train", width=64, height=48,
+                    boxes=np.tile(np.float32([4, 2, 32, 24]), (n, 1)),
+                    object_ids=np.arange(n), object_conf=rng.random(n),
+                    attr_ids=np.arange(n) + 1, attr_conf=rng.random(n),
+                    features=(i + np.arange(n)[:, None] / 100 + np.zeros((n, dim))).astype(
+                        np.float16),
+                    box_mode="adaptive", preset="caffe", params={},
+                    detector={"name": "test", "config_hash": "0", "weights_hash": "0"},
+                ))
+                i += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def shard_set(tmp_path_factory):
+    return _write_shard_set(tmp_path_factory.mktemp("shards") / "feats")
+
+
+def test_region_batches_are_collated_samples_split_by_node_and_worker(shard_set):
+    samples = list(shards.iter_samples(shard_set))
+    assert [s.key for s in samples] == [f"coco-{100 + i}" for i in range(9)]
+    batches = list(shards.RegionBatches(shard_set, batch_size=4, max_boxes=5))
+    assert [b.keys for b in batches] == [tuple(s.key for s in samples[i:i + 4])
+                                         for i in (0, 4, 8)]
+    expected = shards.collate_regions(samples[4:8], max_boxes=5)
+    for name in ("features", "boxes_xyxy_norm", "region_mask", "object_ids", "image_hw"):
+        torch.testing.assert_close(getattr(batches[1], name), getattr(expected, name))
+    assert batches[1].features.shape == (4, 5, 8)  # samples of 5..8 regions, cut at 5
+    assert list(shards.RegionBatches(shard_set, batch_size=4, drop_last=True))[-1].keys == \
+        batches[1].keys
+
+    # Two ranks, two DataLoader workers each: every sample once, whole shards per worker.
+    seen = []
+    for rank in (0, 1):
+        data = shards.RegionBatches(shard_set, batch_size=2, rank=rank, world_size=2,
+                                    shuffle=4, seed=1)
+        loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=2)
+        seen += [key for batch in loader for key in batch.keys]
+    assert sorted(seen) == sorted(s.key for s in samples)
+
+    # Shuffled by (seed, epoch): the same order again, another one the next epoch.
+    data = shards.RegionBatches(shard_set, batch_size=9, shuffle=9, seed=3)
+    first, again = next(iter(data)).keys, next(iter(data)).keys
+    data.set_epoch(1)
+    assert first == again != next(iter(data)).keys
+    assert sorted(first) == sorted(s.key for s in samples)
+
+
+def test_feature_store_reads_a_sample_by_image_id(shard_set):
+    store = shards.FeatureStore(shard_set)
+    sample = store.get_image("coco", "104")
+    assert sample.key == "coco-104" and sample.num_boxes == 5
+    np.testing.assert_array_equal(sample.arrays["features"][:, 0],
+                                  np.float16(4 + np.arange(5) / 100))
+
+
+def test_plain_webdataset_reads_our_shards_with_its_default_decoders(shard_set):
+    """The convention's promise, with the webdataset package and none of our code."""
+    import webdataset as wds
+
+    urls = [str(p) for p in sorted(shard_set.glob("*.tar"))]
+    read = list(wds.WebDataset(urls, shardshuffle=False).decode())
+    ours = list(shards.iter_samples(shard_set))
+    assert [r["__key__"] for r in read] == [s.key for s in ours]
+    for r, s in zip(read, ours):
+        assert r["json"] == s.meta
+        for name, array in s.arrays.items():
+            np.testing.assert_array_equal(r[f"{name}.npy"], array)
+            assert r[f"{name}.npy"].dtype == array.dtype
+
+
+def test_region_batches_stream_from_s3(bucket, shard_set):
+    """s3:// as the training reader has it: a shard set uploaded as it is, read from the URL."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(f"{bucket}/feats")
+    for path in shard_set.glob("*.tar"):
+        fs.put_file(str(path), f"{root}/{path.name}")
+    batches = list(shards.RegionBatches(f"{bucket}/feats", batch_size=5, max_boxes=3))
+    assert [len(b) for b in batches] == [5, 4]
+    local = list(shards.RegionBatches(shard_set, batch_size=5, max_boxes=3))
+    torch.testing.assert_close(batches[1].features, local[1].features)
