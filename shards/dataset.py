@@ -17,6 +17,7 @@ import torch.utils.data
 
 from shards.batch import RegionBatch, collate_regions
 from shards.reader import iter_samples
+from shards.schema import Sample
 
 
 class RegionBatches(torch.utils.data.IterableDataset):
@@ -58,7 +59,7 @@ class RegionBatches(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[RegionBatch]:
         samples = iter_samples(self.source, rank=self.rank, world_size=self.world_size,
                                shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
-        batch = []
+        batch: list[Sample] = []
         for sample in samples:
             batch.append(sample)
             if len(batch) == self.batch_size:

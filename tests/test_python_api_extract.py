@@ -16,7 +16,7 @@ from skimage import data
 
 import extractor
 import shards
-from extractor.config import DetectorConfig, PreprocessConfig
+from extractor.config import DetectorConfig, PreprocessConfig, SelectionConfig
 from pipeline.cli import main
 from pipeline.common.assets import bundled_detector
 from shards.reader import iter_samples
@@ -48,7 +48,7 @@ def extracted(photos, tmp_path_factory):
     out = tmp / "shards"
     code = main(["extract", "--dataset", "folder", "--root", str(photos), "--out", str(out),
                  "--weights", str(WEIGHTS), "--config", str(config), "--preset", "lxmert",
-                 "--engine", "local", "--device", "cpu", "--set", "run.batch_size=2",
+                 "--engine", "local", "--device", "cpu", "--set", "run.batch_size=3",
                  *(f"--set=preprocess.{k}={v}" for k, v in SIZES.items())])
     assert code == 0
     return out, {s.meta["image_id"]: s for s in iter_samples(out)}
@@ -57,7 +57,7 @@ def extracted(photos, tmp_path_factory):
 @pytest.fixture(scope="module")
 def ext():
     preprocess = PreprocessConfig(resize="cv2", **SIZES)
-    return extractor.load(WEIGHTS, preset="lxmert", device="cpu", batch_size=2,
+    return extractor.load(WEIGHTS, preset="lxmert", device="cpu", batch_size=3,
                           preprocess=preprocess)
 
 
@@ -73,8 +73,8 @@ def _same_as_stored(regions, sample):
 
 
 def test_any_mix_of_inputs_gives_the_arrays_pipeline_extract_stores(photos, extracted, ext):
-    """The CLI's batches (run.batch_size 2, the folder in name order) and the same images as
-    paths, PIL images, numpy arrays and tensors in batches of 2: the same bits. (Other batches
+    """The CLI's batch (run.batch_size 3, the folder in name order) and the same images as
+    paths, PIL images, numpy arrays and tensors in a batch of 3: the same bits. (Other batches
     agree to float rounding only: a batch is padded to its largest image, tests/
     test_extractor_batching.py.)"""
     _, samples = extracted
@@ -93,9 +93,10 @@ def test_any_mix_of_inputs_gives_the_arrays_pipeline_extract_stores(photos, extr
             _same_as_stored(result, samples[image_id])
     assert regions[1].name == "image 1 (numpy array (180, 120))"
     assert regions[0].object_names[0] == extractor.object_names()[regions[0].object_ids[0]]
-    one = ext(pil[2])  # not in a list: one result (alone in its batch, as in the CLI's)
+    one = ext(pil[2])  # not in a list: one result
     assert one.source is pil[2] and one.image_size == (150, 200)
-    _same_as_stored(one, samples["coffee"])
+    for name, array in one.arrays().items():  # a batch of its own: float rounding apart
+        np.testing.assert_allclose(array, samples["coffee"].arrays[name], rtol=1e-3, atol=1e-3)
 
 
 def test_show_draws_the_picture_of_pipeline_show(photos, extracted, ext, tmp_path):
@@ -135,17 +136,22 @@ def test_a_bad_input_raises_naming_it(photos, ext):
 def test_errors_return_keeps_the_good_images(photos, extracted, ext):
     _, samples = extracted
     bad = np.zeros((40, 40, 3), np.float32)
-    # Batches of 2 as given, bad inputs left out of theirs: the CLI's batches of these images.
-    results = ext([photos / "astronaut.jpg", photos / "camera.jpg", bad, photos / "coffee.png",
-                   photos / "missing.jpg"], errors="return")
-    assert [type(r) for r in results] == [extractor.Regions, extractor.Regions,
-                                          extractor.ImageFailure, extractor.Regions,
-                                          extractor.ImageFailure]
-    assert results[2].index == 2 and results[2].source is bad
-    assert results[2].error.startswith("image 2 (numpy array (40, 40, 3)): unsupported dtype")
-    assert results[4].error == f"{photos / 'missing.jpg'}: unreadable: No such file or directory"
-    for result, image_id in zip([results[i] for i in (0, 1, 3)], ["astronaut", "camera", "coffee"]):
+    # A batch of 5 inputs, the bad ones left out: the CLI's batch of the three images.
+    inputs = [photos / "astronaut.jpg", bad, photos / "camera.jpg", photos / "missing.jpg",
+              photos / "coffee.png"]
+    ext5 = extractor.RegionExtractor(ext.extractor, batch_size=5)
+    results = ext5(inputs, errors="return")
+    assert [type(r) for r in results] == [extractor.Regions, extractor.ImageFailure,
+                                          extractor.Regions, extractor.ImageFailure,
+                                          extractor.Regions]
+    assert results[1].index == 1 and results[1].source is bad
+    assert results[1].error.startswith("image 1 (numpy array (40, 40, 3)): unsupported dtype")
+    assert results[3].error == f"{photos / 'missing.jpg'}: unreadable: No such file or directory"
+    for result, image_id in zip(results[::2], ["astronaut", "camera", "coffee"]):
         _same_as_stored(result, samples[image_id])
+    streamed = list(ext5.stream(iter(inputs)))  # the same, from an iterable
+    assert [type(r) for r in streamed] == [type(r) for r in results]
+    _same_as_stored(streamed[2], samples["camera"])
     with pytest.raises(ValueError, match="errors = 'ignore'"):
         ext([photos / "coffee.png"], errors="ignore")
 
@@ -156,6 +162,11 @@ def test_load_reads_the_architecture_a_checkpoint_of_ours_records(tmp_path):
     assert ext.cfg.detector == DetectorConfig(**{k: tuple(v) if isinstance(v, list) else v
                                                  for k, v in stored.items()})
     assert ext.cfg.preset == "pb-demo" and ext.cfg.selection.rank == "detection"
+    assert extractor.load(WEIGHTS, device="auto").extractor.device.type == (
+        "cuda" if torch.cuda.is_available() else "cpu")
+    given = extractor.load(WEIGHTS, selection=SelectionConfig(mode="given"))
+    with pytest.raises(ValueError, match="box mode 'given' is not supported"):
+        given(np.zeros((40, 40, 3), np.uint8))
     with pytest.raises(extractor.WeightsError, match="does not exist"):
         extractor.load(tmp_path / "none.safetensors")
     with pytest.raises(ValueError, match="unknown preset 'lxmrt'"):
