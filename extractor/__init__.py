@@ -2,11 +2,12 @@
 
     import extractor
     ext = extractor.load("world_detector.safetensors", preset="lxmert", device="cpu")
-    regions = ext(["a.jpg", pil_image, numpy_rgb, uint8_tensor])   # any mix, any sizes
+    regions = ext(["a.jpg", pil_image, numpy_rgb, uint8_tensor])  # any mix, any sizes
     regions[0].boxes_xyxy_abs, regions[0].features, regions[0].object_names
-    regions[0].show()                                               # the picture `pipeline show` draws
+    regions[0].show()                      # the picture `pipeline show` draws
 
-The same weights and preset give exactly the arrays `pipeline extract` stores (docs/python.md).
+The same weights, preset and batches give exactly the arrays `pipeline extract` stores
+(docs/python.md).
 What is named here is the public API; the modules behind it are internal and may change.
 """
 

@@ -91,7 +91,7 @@ class RegionExtractor:
         images: paths, PIL images, numpy arrays (H, W, 3) RGB, tensors (3, H, W) RGB, uint8, or
             (H, W) grey; any mix and sizes.
         errors: "raise": an input that cannot be read, decoded or sized raises ImageError naming
-            it (before the batch that holds it runs); "return": it is returned as a ImageFailure
+            it (before the batch that holds it runs); "return": it is returned as an ImageFailure
             in its place, the others as Regions.
         """
         if errors not in ("raise", "return"):
@@ -106,7 +106,8 @@ class RegionExtractor:
             results += self._batch(items[start:start + self.batch_size], start, errors)
         return results[0] if single else results
 
-    def _batch(self, items: list[ImageInput], start: int, errors: str) -> list[Regions | ImageFailure]:
+    def _batch(self, items: list[ImageInput], start: int,
+               errors: str) -> list[Regions | ImageFailure]:
         """One detector call on the good images of `items` (inputs start, start + 1, ...)."""
         prepared: list[tuple[int, str, PreparedImage | DecodedImage]] = []
         results: dict[int, Regions | ImageFailure] = {}

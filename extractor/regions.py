@@ -1,4 +1,4 @@
-"""What `extractor.load(...)(images)` returns per image: its Regions, or a ImageFailure."""
+"""What `extractor.load(...)(images)` returns per image: its Regions, or an ImageFailure."""
 
 from __future__ import annotations
 

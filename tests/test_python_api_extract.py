@@ -1,5 +1,5 @@
-"""issue 61, goals 1 and 2. Goal 1: `extractor.load(...)(images)` in Python gives the arrays `pipeline extract`
-stores, bit for bit, for any mix of paths, PIL images, numpy arrays and tensors; `Regions.show`
+"""issue 61, goals 1 and 2. Goal 1: `extractor.load(...)(images)` in Python gives the arrays
+`pipeline extract` stores, bit for bit, for any mix of paths, PIL images, numpy arrays and tensors; `Regions.show`
 draws the picture `pipeline show` draws; bad inputs fail by name. Goal 2: shards in one's own
 loop (shards.RegionBatches, FeatureStore), and plain webdataset reading our shards.
 
@@ -115,7 +115,8 @@ def test_a_bad_input_raises_naming_it(photos, ext):
     notes.write_text("this is not an image\n")
     cases = [
         (notes, f"{notes}: not a recognised image format"),
-        (photos / "missing.jpg", f"{photos / 'missing.jpg'}: unreadable: No such file or directory"),
+        (photos / "missing.jpg",
+         f"{photos / 'missing.jpg'}: unreadable: No such file or directory"),
         (np.zeros((0, 40, 3), np.uint8),
          "image 0 (numpy array (0, 40, 3)): too small: 40x0 is smaller than the minimum side of "
          "16 px"),
