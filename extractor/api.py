@@ -88,8 +88,8 @@ class RegionExtractor:
     ) -> Regions | ImageFailure | list[Regions | ImageFailure]:
         """The regions of each image, in order; one image (not in a list) gives one result.
 
-        images: paths, PIL images, numpy arrays (H, W, 3) RGB, tensors (3, H, W) RGB, uint8, or
-            (H, W) grey; any mix and sizes.
+        images: paths, PIL images, numpy arrays (H, W, 3) RGB, tensors (3, H, W) RGB, uint8 (or
+            grey, or RGBA: extractor.preprocess.image_to_bgr); any mix and sizes.
         errors: "raise": an input that cannot be read, decoded or sized raises ImageError naming
             it (before the batch that holds it runs); "return": it is returned as an ImageFailure
             in its place, the others as Regions.

@@ -15,7 +15,7 @@ from extractor.config import PreprocessConfig
 from extractor.preprocess import ImageError, decode_image, image_to_bgr
 
 # A path (str or PathLike), a PIL image, a numpy array (H, W, 3) RGB or a tensor (3, H, W) RGB,
-# uint8 (or (H, W) grey).
+# uint8 (or grey, or RGBA: preprocess.image_to_bgr).
 ImageInput = Union[str, os.PathLike, Image.Image, np.ndarray, torch.Tensor]
 
 

@@ -143,8 +143,9 @@ def image_to_bgr(
     """An image already in memory -> (H, W, 3) uint8 BGR, as decode_image returns for its file.
 
     image: a PIL image (any mode decode_image accepts; its EXIF orientation applied), a numpy
-        array (H, W, 3) RGB or (H, W) grey, or a tensor (3, H, W) RGB or (H, W) grey (torchvision's
-        layout); arrays and tensors must be uint8, 0-255.
+        array (H, W, 3) RGB, (H, W, 4) RGBA or (H, W) grey, or a tensor (3, H, W) RGB, (4, H, W)
+        RGBA or (H, W) grey (torchvision's layout); arrays and tensors must be uint8, 0-255. Alpha
+        is composited on white, as decode_image does for a transparent file.
     name: how errors name the image. Raises ImageError as decode_image does for the sizes
     ("too small", "aspect ratio too extreme", "decompression bomb") and "unsupported dtype" /
     "unsupported shape" for arrays that are not uint8 RGB or grey.
@@ -157,18 +158,20 @@ def image_to_bgr(
     if isinstance(image, torch.Tensor):
         if image.dtype != torch.uint8:
             raise ImageError(name, f"unsupported dtype {image.dtype}: expected torch.uint8, 0-255")
-        if image.dim() == 3 and image.shape[0] != 3:
+        if image.dim() == 3 and image.shape[0] not in (3, 4):
             raise ImageError(name, f"unsupported shape {tuple(image.shape)}: expected (3, H, W) "
-                                   "RGB or (H, W) grey")
+                                   "RGB, (4, H, W) RGBA or (H, W) grey")
         image = image.permute(1, 2, 0) if image.dim() == 3 else image
         image = image.detach().cpu().numpy()
     elif image.dtype != np.uint8:
         raise ImageError(name, f"unsupported dtype {image.dtype}: expected uint8, 0-255")
     if image.ndim == 2:
         image = np.repeat(image[..., None], 3, axis=2)
-    if image.ndim != 3 or image.shape[2] != 3:
-        raise ImageError(name, f"unsupported shape {image.shape}: expected (H, W, 3) RGB or "
-                               "(H, W) grey")
+    if image.ndim != 3 or image.shape[2] not in (3, 4):
+        raise ImageError(name, f"unsupported shape {image.shape}: expected (H, W, 3) RGB, "
+                               "(H, W, 4) RGBA or (H, W) grey")
+    if image.shape[2] == 4:
+        return image_to_bgr(Image.fromarray(np.ascontiguousarray(image), "RGBA"), name, cfg)
     height, width = image.shape[:2]
     _check_pixels(name, height, width, cfg)
     _check_sides(name, height, width, cfg)

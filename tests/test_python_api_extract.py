@@ -17,6 +17,7 @@ from skimage import data
 import extractor
 import shards
 from extractor.config import DetectorConfig, PreprocessConfig, SelectionConfig
+from extractor.inputs import read_image
 from pipeline.cli import main
 from pipeline.common.assets import bundled_detector
 from shards.reader import iter_samples
@@ -122,9 +123,12 @@ def test_a_bad_input_raises_naming_it(photos, ext):
          "16 px"),
         (np.zeros((40, 40, 3), np.float32),
          "image 0 (numpy array (40, 40, 3)): unsupported dtype float32: expected uint8, 0-255"),
-        (torch.zeros(4, 40, 40, dtype=torch.uint8),
-         "image 0 (tensor (4, 40, 40)): unsupported shape (4, 40, 40): expected (3, H, W) RGB or "
-         "(H, W) grey"),
+        (torch.zeros(4, 40, 40),
+         "image 0 (tensor (4, 40, 40)): unsupported dtype torch.float32: expected torch.uint8, "
+         "0-255"),
+        (torch.zeros(2, 40, 40, dtype=torch.uint8),
+         "image 0 (tensor (2, 40, 40)): unsupported shape (2, 40, 40): expected (3, H, W) RGB, "
+         "(4, H, W) RGBA or (H, W) grey"),
         ([[1, 2]], "image 0 (list): unsupported input list: expected a path, a PIL image, a numpy "
                    "array or a tensor"),
     ]
@@ -132,6 +136,28 @@ def test_a_bad_input_raises_naming_it(photos, ext):
         with pytest.raises(extractor.ImageError) as caught:
             ext([item])
         assert str(caught.value) == message
+
+
+def test_images_in_memory_have_the_pixels_of_their_files(photos, tmp_path):
+    """An RGBA array or tensor is composited on white as its PNG file is; a PIL image keeps
+    its EXIF orientation applied, as its file; grey arrays are the grey file's pixels."""
+    cfg = PreprocessConfig()
+    rgba = np.asarray(Image.open(photos / "coffee.png").convert("RGBA")).copy()
+    rgba[:, :100, 3] = np.arange(100, dtype=np.uint8)[None, :] * 2  # a transparent left half
+    Image.fromarray(rgba).save(tmp_path / "rgba.png")
+    from_file = read_image(tmp_path / "rgba.png", "file", cfg)
+    np.testing.assert_array_equal(read_image(rgba, "array", cfg), from_file)
+    tensor = torch.from_numpy(rgba).permute(2, 0, 1)
+    np.testing.assert_array_equal(read_image(tensor, "tensor", cfg), from_file)
+    exif = Image.open(photos / "camera.jpg").getexif()
+    exif[0x0112] = 6  # orientation: rotate 90 degrees clockwise to view
+    Image.open(photos / "camera.jpg").save(tmp_path / "turned.jpg", exif=exif)
+    turned = read_image(Image.open(tmp_path / "turned.jpg"), "pil", cfg)
+    np.testing.assert_array_equal(turned, read_image(tmp_path / "turned.jpg", "file", cfg))
+    assert turned.shape == (120, 180, 3)
+    grey = np.asarray(Image.open(photos / "camera.jpg"))
+    np.testing.assert_array_equal(read_image(grey, "grey", cfg),
+                                  read_image(photos / "camera.jpg", "file", cfg))
 
 
 def test_errors_return_keeps_the_good_images(photos, extracted, ext):
