@@ -18,10 +18,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Literal, overload
 
+import numpy as np
 import torch
 
 from extractor.config import (
-    PRESETS, DetectorConfig, ExtractorConfig, PreprocessConfig, SelectionConfig,
+    PRESETS, BoxMode, DetectorConfig, ExtractorConfig, PreprocessConfig, SelectionConfig,
 )
 from extractor.detector import BUTDDetector
 from extractor.errors import WeightsError
@@ -75,40 +76,54 @@ class RegionExtractor:
         return self.extractor.cfg
 
     @overload
-    def __call__(self, images: ImageInput, *,
+    def __call__(self, images: ImageInput, *, boxes: np.ndarray | None = ...,
                  errors: Literal["raise", "return"] = ...) -> Regions | ImageFailure: ...
 
     @overload
     def __call__(self, images: Sequence[ImageInput], *,
+                 boxes: Sequence[np.ndarray] | None = ...,
                  errors: Literal["raise", "return"] = ...) -> list[Regions | ImageFailure]: ...
 
     def __call__(
         self, images: ImageInput | Sequence[ImageInput], *,
+        boxes: np.ndarray | Sequence[np.ndarray] | None = None,
         errors: Literal["raise", "return"] = "raise",
     ) -> Regions | ImageFailure | list[Regions | ImageFailure]:
         """The regions of each image, in order; one image (not in a list) gives one result.
 
         images: paths, PIL images, numpy arrays (H, W, 3) RGB, tensors (3, H, W) RGB, uint8 (or
             grey, or RGBA: extractor.preprocess.image_to_bgr); any mix and sizes.
+        boxes: with box mode "given" (`load(..., boxes="given")`), and only then, the boxes of
+            each image whose features are wanted: (K, 4) x1 y1 x2 y2 in its original pixels,
+            returned in that order (one array for one image).
         errors: "raise": an input that cannot be read, decoded or sized raises ImageError naming
             it (before the batch that holds it runs); "return": it is returned as an ImageFailure
             in its place, the others as Regions.
         """
         if errors not in ("raise", "return"):
             raise ValueError(f"errors = {errors!r}: must be 'raise' or 'return'")
-        if self.cfg.selection.mode == "given":
-            raise ValueError("box mode 'given' is not supported here: load a preset that "
-                             "detects its regions")
+        given = self.cfg.selection.mode == "given"
+        if given != (boxes is not None):
+            raise ValueError("boxes are given exactly in box mode 'given' (load(..., "
+                             f"boxes='given')); this extractor's mode is {self.cfg.selection.mode!r}")
         single = not isinstance(images, (list, tuple))
         items = [images] if single else list(images)
+        per_image = None
+        if boxes is not None:
+            per_image = [boxes] if single else list(boxes)
+            if len(per_image) != len(items):
+                raise ValueError(f"{len(per_image)} box arrays for {len(items)} images")
         results: list[Regions | ImageFailure] = []
         for start in range(0, len(items), self.batch_size):
-            results += self._batch(items[start:start + self.batch_size], start, errors)
+            cut = slice(start, start + self.batch_size)
+            results += self._batch(items[cut], start, errors,
+                                   None if per_image is None else per_image[cut])
         return results[0] if single else results
 
-    def _batch(self, items: list[ImageInput], start: int,
-               errors: str) -> list[Regions | ImageFailure]:
-        """One detector call on the good images of `items` (inputs start, start + 1, ...)."""
+    def _batch(self, items: list[ImageInput], start: int, errors: str,
+               boxes: list[np.ndarray] | None = None) -> list[Regions | ImageFailure]:
+        """One detector call on the good images of `items` (inputs start, start + 1, ...), with
+        their `boxes` in box mode "given"."""
         prepared: list[tuple[int, str, PreparedImage | DecodedImage]] = []
         results: dict[int, Regions | ImageFailure] = {}
         device_resize = self.extractor.device.type == "cuda"
@@ -122,7 +137,11 @@ class RegionExtractor:
                 results[index] = ImageFailure(index, item, str(err))
                 continue
             prepared.append((index, name, prepare_image(bgr, self.cfg.preprocess, device_resize)))
-        found = self.extractor([image for _, _, image in prepared]) if prepared else []
+        given = None
+        if boxes is not None:
+            given = [np.asarray(boxes[index - start], np.float32).reshape(-1, 4)
+                     for index, _, _ in prepared]
+        found = self.extractor([image for _, _, image in prepared], given) if prepared else []
         for (index, name, _), features in zip(prepared, found):
             fields = {f.name: getattr(features, f.name) for f in dataclasses.fields(features)}
             results[index] = Regions(**fields, source=items[index - start], name=name)
@@ -152,6 +171,7 @@ def load(
     preprocess: PreprocessConfig | None = None,
     selection: SelectionConfig | None = None,
     save_class_probs: bool = False,
+    boxes: BoxMode | None = None,
     batch_size: int = 4,
     precision: Precision = "fp32",
     compile: bool = False,
@@ -163,6 +183,8 @@ def load(
         selection of the feature files it reproduces; `preprocess` / `selection` replace them.
     detector: the architecture; None: the one a checkpoint of ours records
         (stored_detector_config), else the real Visual Genome ResNet-101 (DetectorConfig()).
+    boxes: the preset's box mode replaced ("adaptive", "fixed", or "given": features of the
+        boxes each call gives), as `pipeline extract --boxes`.
     config: a whole ExtractorConfig instead of preset / detector / preprocess / selection /
         save_class_probs (what `pipeline extract` passes, resolved from its YAML and --set).
     device: "cpu", "cuda", "cuda:N" or a torch.device ("auto": cuda when available).
@@ -184,6 +206,9 @@ def load(
             selection=selection or preset_selection, preset=preset,
             save_class_probs=save_class_probs,
         )
+    if boxes is not None:
+        config = dataclasses.replace(
+            config, selection=dataclasses.replace(config.selection, mode=boxes))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)

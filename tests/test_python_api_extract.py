@@ -7,6 +7,8 @@ The bundled world detector at the lxmert preset (cv2 resize, 36 boxes), on image
 192-320 pixels (the preset's 600-1000 took 4 times as long): the CLI reads the architecture from a
 --config holding the detector's section, Python from the weights file."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -16,7 +18,7 @@ from skimage import data
 
 import extractor
 import shards
-from extractor.config import DetectorConfig, PreprocessConfig, SelectionConfig
+from extractor.config import DetectorConfig, PreprocessConfig
 from extractor.inputs import read_image
 from pipeline.cli import main
 from pipeline.common.assets import bundled_detector
@@ -183,6 +185,32 @@ def test_errors_return_keeps_the_good_images(photos, extracted, ext):
         ext([photos / "coffee.png"], errors="ignore")
 
 
+def test_given_boxes_give_the_features_pipeline_extract_stores_for_them(photos, tmp_path):
+    root = tmp_path / "one"
+    root.mkdir()
+    (root / "coffee.png").write_bytes((photos / "coffee.png").read_bytes())
+    boxes = np.float32([[10, 20, 90, 100], [0, 0, 200, 150], [120.5, 30, 190, 140]])
+    (tmp_path / "boxes.json").write_text(json.dumps({"coffee": boxes.tolist()}))
+    config = tmp_path / "detector.yaml"
+    config.write_text(yaml.safe_dump({"detector": yaml.safe_load(CONFIG.read_text())["detector"]}))
+    out = tmp_path / "shards"
+    assert main(["extract", "--dataset", "folder", "--root", str(root), "--out", str(out),
+                 "--weights", str(WEIGHTS), "--config", str(config), "--preset", "lxmert",
+                 "--boxes", "given", "--given-boxes", str(tmp_path / "boxes.json"),
+                 "--engine", "local", "--device", "cpu",
+                 *(f"--set=preprocess.{k}={v}" for k, v in SIZES.items())]) == 0
+    [sample] = iter_samples(out)
+    ext = extractor.load(WEIGHTS, preset="lxmert", boxes="given",
+                         preprocess=PreprocessConfig(resize="cv2", **SIZES))
+    regions = ext(Image.open(root / "coffee.png"), boxes=boxes)
+    np.testing.assert_array_equal(regions.boxes_xyxy_abs, boxes)
+    _same_as_stored(regions, sample)
+    with pytest.raises(ValueError, match="box mode 'given'"):
+        ext(Image.open(root / "coffee.png"))
+    with pytest.raises(ValueError, match="2 box arrays for 1 images"):
+        ext([root / "coffee.png"], boxes=[boxes, boxes])
+
+
 def test_load_reads_the_architecture_a_checkpoint_of_ours_records(tmp_path):
     ext = extractor.load(WEIGHTS, preset="pb-demo")
     stored = yaml.safe_load(CONFIG.read_text())["detector"]
@@ -191,9 +219,9 @@ def test_load_reads_the_architecture_a_checkpoint_of_ours_records(tmp_path):
     assert ext.cfg.preset == "pb-demo" and ext.cfg.selection.rank == "detection"
     assert extractor.load(WEIGHTS, device="auto").extractor.device.type == (
         "cuda" if torch.cuda.is_available() else "cpu")
-    given = extractor.load(WEIGHTS, selection=SelectionConfig(mode="given"))
-    with pytest.raises(ValueError, match="box mode 'given' is not supported"):
-        given(np.zeros((40, 40, 3), np.uint8))
+    detecting = extractor.load(WEIGHTS, preset="lxmert")
+    with pytest.raises(ValueError, match="this extractor's mode is 'fixed'"):
+        detecting(np.zeros((40, 40, 3), np.uint8), boxes=np.zeros((1, 4)))
     with pytest.raises(extractor.WeightsError, match="does not exist"):
         extractor.load(tmp_path / "none.safetensors")
     with pytest.raises(ValueError, match="unknown preset 'lxmrt'"):
