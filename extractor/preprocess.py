@@ -127,17 +127,68 @@ def decode_image(data: bytes, path: str, cfg: PreprocessConfig = PreprocessConfi
         )
     image = _open(data, path)
     width, height = image.size
+    _check_pixels(path, height, width, cfg)
+    _check_sides(path, height, width, cfg)
+    try:
+        image.load()  # decode now, so truncation raises here instead of being padded later
+    except _PIL_ERRORS as exc:
+        raise ImageError(path, _failure(image.format, "data", exc)) from exc
+    return _oriented_bgr(image, path)
+
+
+def image_to_bgr(
+    image: Image.Image | np.ndarray | torch.Tensor, name: str,
+    cfg: PreprocessConfig = PreprocessConfig(),
+) -> np.ndarray:
+    """An image already in memory -> (H, W, 3) uint8 BGR, as decode_image returns for its file.
+
+    image: a PIL image (any mode decode_image accepts; its EXIF orientation applied), a numpy
+        array (H, W, 3) RGB, (H, W, 4) RGBA or (H, W) grey, or a tensor (3, H, W) RGB, (4, H, W)
+        RGBA or (H, W) grey (torchvision's layout); arrays and tensors must be uint8, 0-255. Alpha
+        is composited on white, as decode_image does for a transparent file.
+    name: how errors name the image. Raises ImageError as decode_image does for the sizes
+    ("too small", "aspect ratio too extreme", "decompression bomb") and "unsupported dtype" /
+    "unsupported shape" for arrays that are not uint8 RGB or grey.
+    """
+    if isinstance(image, Image.Image):
+        width, height = image.size
+        _check_pixels(name, height, width, cfg)
+        _check_sides(name, height, width, cfg)
+        return _oriented_bgr(image, name)
+    if isinstance(image, torch.Tensor):
+        if image.dtype != torch.uint8:
+            raise ImageError(name, f"unsupported dtype {image.dtype}: expected torch.uint8, 0-255")
+        if image.dim() == 3 and image.shape[0] not in (3, 4):
+            raise ImageError(name, f"unsupported shape {tuple(image.shape)}: expected (3, H, W) "
+                                   "RGB, (4, H, W) RGBA or (H, W) grey")
+        image = image.permute(1, 2, 0) if image.dim() == 3 else image
+        image = image.detach().cpu().numpy()
+    elif image.dtype != np.uint8:
+        raise ImageError(name, f"unsupported dtype {image.dtype}: expected uint8, 0-255")
+    if image.ndim == 2:
+        image = np.repeat(image[..., None], 3, axis=2)
+    if image.ndim != 3 or image.shape[2] not in (3, 4):
+        raise ImageError(name, f"unsupported shape {image.shape}: expected (H, W, 3) RGB, "
+                               "(H, W, 4) RGBA or (H, W) grey")
+    if image.shape[2] == 4:
+        return image_to_bgr(Image.fromarray(np.ascontiguousarray(image), "RGBA"), name, cfg)
+    height, width = image.shape[:2]
+    _check_pixels(name, height, width, cfg)
+    _check_sides(name, height, width, cfg)
+    return np.ascontiguousarray(image[..., ::-1])
+
+
+def _check_pixels(path: str, height: int, width: int, cfg: PreprocessConfig) -> None:
     if width * height > cfg.max_pixels:
         raise ImageError(
             path,
             f"decompression bomb: {width}x{height} = {width * height} pixels exceeds the limit of "
             f"{cfg.max_pixels} (preprocess.max_pixels)",
         )
-    _check_sides(path, height, width, cfg)
-    try:
-        image.load()  # decode now, so truncation raises here instead of being padded later
-    except _PIL_ERRORS as exc:
-        raise ImageError(path, _failure(image.format, "data", exc)) from exc
+
+
+def _oriented_bgr(image: Image.Image, path: str) -> np.ndarray:
+    """(H, W, 3) uint8 BGR of a loaded PIL image, its EXIF orientation applied."""
     try:
         image = ImageOps.exif_transpose(image)
     except _PIL_ERRORS as exc:
@@ -195,6 +246,17 @@ def _failure(image_format: str, part: str, exc: BaseException) -> str:
 
 def _message(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
+
+
+def prepare_image(
+    image_bgr: np.ndarray, cfg: PreprocessConfig, device_resize: bool = False
+) -> PreparedImage | DecodedImage:
+    """A decoded (H, W, 3) uint8 BGR image as the Extractor takes it: resized here, or, with
+    `device_resize` where the detector's device gives the same pixels (resizes_on_device), a
+    DecodedImage whose resize Extractor.submit runs there."""
+    if device_resize and resizes_on_device(cfg):
+        return DecodedImage(torch.from_numpy(image_bgr), cfg)
+    return resize_image(image_bgr, cfg)
 
 
 def resize_image(

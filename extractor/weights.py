@@ -386,6 +386,14 @@ def read_safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
+def records_detector_config(path: str | os.PathLike) -> bool:
+    """Whether `path` is a safetensors file written by save_detector (it records its config)."""
+    if Path(path).suffix != ".safetensors":
+        return False
+    meta = read_safetensors_metadata(path)
+    return meta.get("format") == _SAFETENSORS_TAG and "detector_config" in meta
+
+
 def read_detector_config(path: str | os.PathLike) -> DetectorConfig:
     """The DetectorConfig stored by `save_detector`, so a model can be built before loading."""
     meta = read_safetensors_metadata(path)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 
 from extractor.config import PRESETS, ExtractorConfig
 from pipeline.common.config import (
@@ -24,7 +23,6 @@ from pipeline.common.config import (
 
 Engine = Literal["ray", "local"]
 Precision = Literal["fp32", "bf16", "fp16"]
-AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)

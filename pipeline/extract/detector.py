@@ -7,27 +7,24 @@ from pathlib import Path
 
 import torch
 
+import extractor
 from extractor.config import DetectorConfig
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
-from extractor.weights import detect_format, load_detector_weights, weights_hash
+from extractor.weights import detect_format, weights_hash
 from model.checkpoints import vlbert
 from model.checkpoints.common import read_released
 from pipeline.common.config import ConfigError
 from pipeline.common.devices import pick_device
-from pipeline.extract.config import AUTOCAST, ExtractJobConfig, resolve_job
+from pipeline.extract.config import ExtractJobConfig, resolve_job
 
 
 def load_detector(job: ExtractJobConfig, weights: str | None) -> BUTDDetector:
     """The run's detector on the CPU: the checkpoint `weights` loaded strictly (WeightsError if it
-    does not fit), or, for None, random weights drawn from `run.seed`."""
+    does not fit), or, for None, random weights drawn from `run.seed` (extractor.build_detector)."""
     if weights and not Path(weights).is_file():
         raise ConfigError(f"weights file {weights} does not exist")
-    torch.manual_seed(job.run.seed)
-    model = BUTDDetector(job.detector)
-    if weights:
-        load_detector_weights(model, weights)
-    return model
+    return extractor.build_detector(job.detector, weights or None, job.run.seed)
 
 
 def load_extraction_detector(config: str | None, weights: str) -> tuple[BUTDDetector,
@@ -95,11 +92,13 @@ def detector_record(
 def build_extractor(
     job: ExtractJobConfig, weights: str | None, device: str | None = None
 ) -> tuple[Extractor, dict]:
-    """The Extractor for `job` on `device` (default job.run.device) and its detector record."""
-    model = load_detector(job, weights)
-    detector = detector_record(job, weights, model)
-    device = pick_device(device or job.run.device)
-    autocast = AUTOCAST[job.run.precision] if device.type == "cuda" else None
-    extractor = Extractor(job.extractor_config(), model, device=device, autocast_dtype=autocast,
-                          compile_head=job.run.compile)
-    return extractor, detector
+    """The Extractor for `job` on `device` (default job.run.device) and its detector record: what
+    `extractor.load` builds for the job's resolved config (one path with the Python API)."""
+    if weights and not Path(weights).is_file():
+        raise ConfigError(f"weights file {weights} does not exist")
+    regions = extractor.load(
+        weights or None, config=job.extractor_config(),
+        device=pick_device(device or job.run.device), batch_size=job.run.batch_size, precision=job.run.precision, compile=job.run.compile,
+        seed=job.run.seed,
+    )
+    return regions.extractor, detector_record(job, weights, regions.extractor.model)

@@ -27,7 +27,7 @@ import torch
 
 from extractor.config import PreprocessConfig
 from extractor.preprocess import (
-    DecodedImage, ImageError, PreparedImage, decode_image, resize_image, resizes_on_device,
+    DecodedImage, ImageError, PreparedImage, decode_image, prepare_image,
 )
 from pipeline.datasets import ImageRef
 
@@ -95,10 +95,7 @@ def prepare(
         if boxes is None:
             error = f"{ref.location}: no boxes given: none for image id {ref.image_id!r}"
             return Prepared(ref, error=error)
-    if device_resize and resizes_on_device(preprocess):
-        image = DecodedImage(torch.from_numpy(pixels), preprocess)
-    else:
-        image = resize_image(pixels, preprocess)
+    image = prepare_image(pixels, preprocess, device_resize)
     return Prepared(
         ref, image, data if keep_bytes else None, boxes,
         seconds_decode=decoded - start, seconds_preprocess=time.perf_counter() - decoded,
