@@ -28,6 +28,9 @@ NEEDS_PODMAN = [
         not all(shutil.which(t) for t in ("podman", "runc", "mmdebstrap")),
         reason="needs podman, runc and mmdebstrap (apt-get install podman runc mmdebstrap)",
     ),
+    # docker/build-local.sh installs the pinned uv's wheel with uv (`uv run` has it on PATH)
+    pytest.mark.skipif(shutil.which("uv") is None,
+                       reason="needs uv (https://docs.astral.sh/uv/getting-started/installation/)"),
 ]
 
 

@@ -112,6 +112,26 @@ def test_bad_images_are_recorded_and_the_rest_is_written(photo_folder, tmp_path,
         assert name in reason  # every reason names its file
 
 
+def test_images_given_fewer_boxes_than_min_boxes_are_counted_with_the_reason(photo_folder,
+                                                                           tmp_path, capsys):
+    """selection.min_boxes cannot be met where the detector proposes fewer regions: the summary
+    and extract.log say so once, with the count; a run that meets it says nothing."""
+    out = tmp_path / "feats"
+    assert _run(photo_folder, out, "--set", "detector.rpn_post_nms_topk=20",
+                "--set", "selection.min_boxes=50") == 0
+    fewest = min(sample.num_boxes for sample in iter_samples(out))
+    assert fewest <= 20
+    line = (f"  3 of 3 images got fewer boxes than selection.min_boxes = 50 (fewest {fewest}): "
+            "the detector proposed fewer regions for them (at most "
+            "detector.rpn_post_nms_topk = 20, fewer where its RPN's NMS leaves fewer)")
+    assert capsys.readouterr().out.splitlines().count(line) == 1
+    log = [entry.split(" ", 2)[2] for entry in (out / "extract.log").read_text().splitlines()]
+    assert log.count(line) == 1
+
+    assert _run(photo_folder, tmp_path / "met", "--set", "selection.min_boxes=2") == 0
+    assert "fewer boxes than" not in capsys.readouterr().out
+
+
 def test_an_unreadable_file_and_an_image_without_given_boxes_name_their_kind(photo_folder,
                                                                             tmp_path):
     """Failures before and after decoding read "<location>: <kind>: <detail>" too, as the

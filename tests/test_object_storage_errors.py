@@ -77,13 +77,19 @@ def test_no_such_bucket(s3_server, tmp_path, capsys):
     assert one_line(capsys, ["shards", "verify", url]) == f"{url}: no such bucket"
 
 
-def test_a_url_in_a_config_is_explained_where_it_fails(no_credentials, pretrain_world, tmp_path,
-                                                       capsys):
+@pytest.mark.parametrize("store", ["no_credentials", "dead_endpoint"])
+def test_a_url_in_a_config_is_named_where_it_fails(store, request, pretrain_world, tmp_path,
+                                                   capsys):
     """A URL given in --set (not on the command line itself) is met while working: still one
-    line with the cause."""
+    line naming it, with the cause, in seconds."""
+    endpoint = request.getfixturevalue(store)
+    url = "s3://some-bucket/feats"
     line = one_line(capsys, ["pretrain", "--config", "configs/pretrain/lxmert_tiny.yaml",
                              "--out", str(tmp_path / "run"), "--workers", "0",
                              "--set", f"data.corpus={pretrain_world.corpus}",
-                             "--set", "data.shards=[s3://some-bucket/feats]"])
-    assert line == ("no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-                    "(or AWS_PROFILE)")
+                             "--set", f"data.shards=[{url}]"])
+    if store == "no_credentials":
+        assert line == (f"{url}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                        "(or AWS_PROFILE)")
+    else:
+        assert line == f"{url}: endpoint unreachable ({endpoint})"

@@ -9,6 +9,7 @@ controller, helpers and worker: opt-in, `-m ray`); the others make sure Ray is n
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -216,6 +217,65 @@ def test_a_ray_run_from_the_data_folder_says_what_it_starts_and_nothing_of_ray(
         assert noise not in run.stderr, run.stderr
     corpus = yaml.safe_load((out / "config.yaml").read_text())["data"]["corpus"]
     assert corpus == str(pretrain_world.corpus)
+
+
+# ray.init held where a Ctrl-C lands while Ray starts: its processes up (the raylet's agents
+# among them), the node not yet made, so ray.shutdown does not know it.
+INTERRUPTED_START = """
+import signal, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import ray._private.services as services
+from pipeline.common.ray_session import ray_session
+
+def get_node(*args, _get_node=services.get_node, **kwargs):
+    time.sleep(300)
+    return _get_node(*args, **kwargs)
+
+services.get_node = get_node
+with ray_session(None, without_ray="--engine local"):
+    pass
+"""
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ctrl_c_while_ray_starts_ends_every_process_it_started():
+    """Ctrl-C while ray.init starts a local Ray: the command's Ray processes end with it (the
+    raylet's dashboard and runtime-env agents stayed ~70 s)."""
+    from pipeline.common.ray_session import descendants
+
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED_START],
+                             cwd=Path(__file__).parents[1])
+    try:
+        deadline = time.monotonic() + 300
+        agents = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")  # their titles once they run
+        while not all(any(_cmdline(p).startswith(agent) for p in descendants(child.pid))
+                      for agent in agents):
+            assert child.poll() is None and time.monotonic() < deadline, "the agents never started"
+            time.sleep(0.2)
+        started = descendants(child.pid)
+        child.send_signal(signal.SIGINT)
+        assert child.wait(timeout=60) != 0
+        deadline = time.monotonic() + 10
+        while left := [_cmdline(p).split(b"\0")[0] for p in started if _running(p)]:
+            assert time.monotonic() < deadline, f"left running: {left}"
+            time.sleep(0.5)
+    finally:
+        child.kill()
 
 
 def test_a_session_inside_a_running_one_uses_it_and_leaves_it_running(monkeypatch):

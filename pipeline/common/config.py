@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
-from shards.storage import as_path, is_url
+from shards.storage import as_path, check_reachable, is_url
 
 T = TypeVar("T")
 
@@ -108,13 +108,19 @@ def set_path(config: T, path: list[str], value: Any) -> T:
 def absolute_paths(config: T, fields: Sequence[str]) -> T:
     """A copy of `config` whose dotted `fields` (each a path or a tuple of paths; "" is unset) are
     absolute, read against this process's working directory: Ray workers run in another one.
-    URLs (s3://...) are kept as they are. ConfigError names the first path that does not exist."""
+    URLs (s3://...) are kept as they are; an object store that cannot be used is StorageError
+    naming the URL, in seconds (check_reachable). ConfigError names the first path that does not
+    exist."""
     for name in fields:
         value: Any = config
         for key in name.split("."):
             value = getattr(value, key)
         paths = [value] if isinstance(value, str) else list(value)
         for path in paths:
+            if is_url(path):
+                # Here a URL from a config file or --set first meets its store: botocore's own
+                # error names no URL, and retries a dead endpoint for a minute.
+                check_reachable(path)
             if path and not as_path(path).exists():
                 where = "" if os.path.isabs(path) or is_url(path) else f" (looked in {os.getcwd()})"
                 raise ConfigError(f"{name}: {path} does not exist{where}")

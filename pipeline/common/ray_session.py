@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -132,12 +133,25 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
         "logging_level": logging.ERROR, "logging_config": ray.LoggingConfig(log_level="ERROR")
     }
     tries = 1 if address else 2
+    before = descendants(os.getpid())
     for attempt in range(1, tries + 1):
         try:
             with _noting_the_wait(what, WAIT_NOTE, local=not address):
                 ray.init(address=address or "local", include_dashboard=False,
                          log_to_driver=ray_logs or forward is not None, **quiet)
             break
+        except KeyboardInterrupt:
+            # Ctrl-C while Ray starts: ray.shutdown stops only a node that ray.init finished
+            # making. The GCS and raylet die with this process, but the raylet's dashboard and
+            # runtime-env agents waited ~70 s for it before giving up: end all it started.
+            started = descendants(os.getpid()) - before
+            ray.shutdown()
+            for pid in started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            raise
         except Exception as err:  # Ray raises plain Exceptions: "node timed out during startup"
             ray.shutdown()
             reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
@@ -160,6 +174,24 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
         yield ray
     finally:
         ray.shutdown()
+
+
+def descendants(pid: int) -> set[int]:
+    """The ids of the processes below `pid`: its children, theirs, and so on (Linux's /proc;
+    elsewhere none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])  # after "pid (name)"
+        except (OSError, IndexError, ValueError):
+            continue  # it ended meanwhile
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
 
 
 def say(message: str) -> None:

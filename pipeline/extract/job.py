@@ -32,6 +32,7 @@ from pipeline.extract.output import (
     Tally,
     folder_totals,
     format_summary,
+    promised_boxes,
     save_job_config,
 )
 from pipeline.extract.plan import plan_shards, plan_units
@@ -98,7 +99,7 @@ def extract_refs(
             detector = detector_record(job, weights)
         out_dir = as_path(out_dir)
         make_dirs(out_dir)
-        tally = Tally()
+        tally = Tally(wanted_boxes=promised_boxes(job), proposals=job.detector.rpn_post_nms_topk)
         with OutputLock(out_dir):
             save_job_config(out_dir, record | {"detector": detector, "config": job.sample_config()})
             done = completed_shards(out_dir)

@@ -174,6 +174,9 @@ class Tally:
     benchmark leaves the warm-up batch out of its stage times). folder: the output folder's
     totals once the run is done (every run's: `folder_totals`). selected_by: this run's images
     by the selection that chose their regions (RegionFeatures.selected_by: batch, dense, alone).
+    wanted_boxes: the setting and count of the fewest boxes selection keeps when the detector
+    proposes enough regions (`promised_boxes`); proposals: detector.rpn_post_nms_topk, the most
+    regions it proposes.
     """
 
     ok: int = 0
@@ -188,6 +191,19 @@ class Tally:
     warmup_seconds: Counter = field(default_factory=Counter)
     folder: FolderTotals | None = None
     selected_by: Counter = field(default_factory=Counter)
+    wanted_boxes: tuple[str, int] | None = None
+    proposals: int = 0
+
+
+def promised_boxes(job: ExtractJobConfig) -> tuple[str, int] | None:
+    """The selection's fewest boxes per image, as (setting, count): adaptive's min_boxes, fixed's
+    num_boxes; None for given boxes. Selection chooses among the detector's proposals, so an
+    image it proposes fewer regions for gets fewer."""
+    if job.selection.mode == "adaptive":
+        return "selection.min_boxes", job.selection.min_boxes
+    if job.selection.mode == "fixed":
+        return "selection.num_boxes", job.selection.num_boxes
+    return None
 
 
 class ShardSink:
@@ -369,6 +385,14 @@ def format_summary(tally: Tally, out_dir: Location) -> str:
     if tally.boxes:
         b = np.array(tally.boxes)
         lines.append(f"  boxes per image: mean {b.mean():.1f}, min {b.min()}, max {b.max()}")
+        if tally.wanted_boxes is not None and b.min() < tally.wanted_boxes[1]:
+            setting, wanted = tally.wanted_boxes
+            lines.append(
+                f"  {int((b < wanted).sum())} of {len(b)} images got fewer boxes than {setting} = "
+                f"{wanted} (fewest {b.min()}): the detector proposed fewer regions for them "
+                f"(at most detector.rpn_post_nms_topk = {tally.proposals}, fewer where its RPN's "
+                "NMS leaves fewer)"
+            )
     if tally.selected_by["dense"]:
         lines.append(f"  selected by the dense second pass: {tally.selected_by['dense']} of "
                      f"{tally.ok} (the first pass could not settle them; one more sync a batch)")
