@@ -8,6 +8,7 @@ imports.
 """
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,14 @@ import pytest
 # a copy of the working directory (~60 s and 7 GB in /tmp/ray on two cores). Ray reads the variable
 # when first imported, which in the suite comes before any `ray_session` could set it.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+
+
+def pytest_sessionstart(session):
+    """The environment's bytecode compiled once where Python caches none (CI): the suite's
+    subprocesses (Ray's workers, the CLI's) then start from it (pipeline/common/bytecode.py)."""
+    from pipeline.common.bytecode import compile_environment
+
+    compile_environment(lambda line: print(line, file=sys.stderr))
 
 # The local S3 server (fixtures s3_server, bucket); the CPU image built with podman (cpu_image).
 pytest_plugins = ["s3_server", "podman_image"]
