@@ -793,3 +793,20 @@ def test_a_checkpoint_that_runs_code_is_refused_in_one_line(tmp_path, capsys, na
                    f"global {os.system.__module__}.system; a checkpoint holds only tensors, so "
                    "this file is not one (or is malicious)\n")
     assert not marker.exists()
+
+
+def test_convert_refuses_a_truncated_file_and_another_models_in_one_line(tmp_path, capsys):
+    """Bad input to `pipeline convert`: one line, exit 2, nothing written."""
+    torch.save(official_names(hf_lxmert().state_dict()), tmp_path / "whole.pth")
+    whole = (tmp_path / "whole.pth").read_bytes()
+    (tmp_path / "pretrained_model.bin").write_bytes(whole[: len(whole) // 3])
+    bert = {"bert.embeddings.word_embeddings.weight": torch.zeros(4, 2),
+            "cls.predictions.bias": torch.zeros(4)}  # a text-only BERT, no model of ours
+    torch.save(bert, tmp_path / "bert.bin")
+    for name, said in (("pretrained_model.bin", "not a readable torch checkpoint"),
+                       ("bert.bin", "not a released file of lxmert, visualbert, vlbert, vilbert")):
+        out = tmp_path / f"out-{name}"
+        assert main(["convert", str(tmp_path / name), "--to", "ours", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and str(tmp_path / name) in err, err
+        assert not out.exists()

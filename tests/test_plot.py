@@ -74,3 +74,13 @@ def test_a_directory_that_is_no_run_is_one_line(tmp_path, capsys):
     (tmp_path / "metrics.jsonl").write_text("{not json\n")
     assert main(["plot", str(tmp_path)]) == 2
     assert capsys.readouterr().err.startswith(f"pipeline plot: {tmp_path / 'metrics.jsonl'}:1: ")
+
+
+def test_a_run_shorter_than_log_every_shows_its_one_training_point():
+    """A run of fewer steps than log_every logs its last step only: drawn as a line, one point
+    left the panel without a training curve (fine-tuning NLVR2 on the world)."""
+    rows = [{"step": 12, "epoch": 0, "lr": 1e-5, "loss": 0.7, "loss_pair": 0.7},
+            {"step": 12, "split": "val", "loss": 0.69, "loss_pair": 0.69, "accuracy": 0.5}]
+    ax_loss = loss_figure(rows, "run").get_axes()[0]
+    train = [line for line in ax_loss.get_lines() if line.get_label() == "loss"]
+    assert len(train) == 1 and train[0].get_marker() == "o"

@@ -69,8 +69,9 @@ def loss_figure(records: list[dict], title: str) -> Figure:
     for i, name in enumerate(losses):
         color = f"C{i % 10}"
         points = [(r["step"], r[name]) for r in train if name in r]
-        if points:
-            ax_loss.plot(*zip(*points), color=color, lw=1.5 if name == "loss" else 1, label=name)
+        if points:  # one logged step (a run shorter than log_every) is a dot, not an empty line
+            ax_loss.plot(*zip(*points), color=color, lw=1.5 if name == "loss" else 1, label=name,
+                         marker="o" if len(points) == 1 else None, ms=4)
         points = [(r["step"], r[name]) for r in val if name in r]
         if points:
             ax_loss.plot(*zip(*points), "o", color=color, ms=4, label=f"{name} (val)")
