@@ -29,6 +29,7 @@ from torch import nn
 
 from model.heads import init_bert_weights
 from model.vilbert import VilBertConfig
+from model.vilbert_multitask import vision_logits
 from model.vilbert_pretraining import VilBertForPreTraining
 
 
@@ -115,9 +116,7 @@ class VilBertForBetaTasks(VilBertForPreTraining):
             features=features, boxes=boxes, region_mask=region_mask, image_feature=image_feature)
         t, v = out.text_hidden, out.visual_hidden
         joint = self.dropout(out.joint)  # (B, bi)
-        region_scores = self.region_score_head(self.dropout(v)).squeeze(-1)  # (B, N + 1)
-        if out.visual_mask is not None:  # additive, as the official vision_logit
-            region_scores = region_scores + (~out.visual_mask).to(region_scores.dtype) * -10000.0
+        region_scores = vision_logits(self.region_score_head, self.dropout(v), out.visual_mask)
         return VilBertBetaTasksOutput(
             text_hidden=t,
             visual_hidden=v,

@@ -70,6 +70,16 @@ class VilBertMultiTaskOutput:
     token_scores: torch.Tensor
 
 
+def vision_logits(head: nn.Module, hidden: torch.Tensor,
+                  visual_mask: torch.Tensor | None) -> torch.Tensor:
+    """A score per visual position (B, N + 1) from hidden (B, N + 1, Hv), padded positions pushed
+    down by -10000, additive, as the official `vision_logit` is."""
+    scores = head(hidden).squeeze(-1)
+    if visual_mask is None:
+        return scores
+    return scores + (~visual_mask).to(scores.dtype) * -10000.0
+
+
 class VilBertForMultiTask(VilBertForPreTraining):
     """VilBertForPreTraining (the same encoder and pretraining heads) plus the 12-in-1 task
     heads."""
@@ -111,9 +121,7 @@ class VilBertForMultiTask(VilBertForPreTraining):
         t, v = out.text_hidden, out.visual_hidden
         joint = self.dropout(out.joint)  # (B, bi)
         B = joint.shape[0]
-        region_scores = self.region_score_head(self.dropout(v)).squeeze(-1)  # (B, N + 1)
-        if out.visual_mask is not None:  # additive, as the official vision_logit
-            region_scores = region_scores + (~out.visual_mask).to(region_scores.dtype) * -10000.0
+        region_scores = vision_logits(self.region_score_head, self.dropout(v), out.visual_mask)
         return VilBertMultiTaskOutput(
             text_hidden=t,
             visual_hidden=v,
