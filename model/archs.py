@@ -71,3 +71,8 @@ ARCHS: dict[str, Arch] = {
     ),
 }
 ARCH_NAMES = tuple(ARCHS)
+
+
+def saved_classes(arch: str) -> dict[str, type[nn.Module]]:
+    """Class name -> class of the models a checkpoint of `arch` may hold, the default first."""
+    return {cls.__name__: cls for cls in ARCHS[arch].saved}

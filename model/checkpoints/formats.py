@@ -45,7 +45,7 @@ from model.checkpoints.common import (
     untie,
     write_safetensors,
 )
-from model.archs import ARCHS
+from model.archs import ARCHS, saved_classes
 
 OURS_FORMAT = "vlpipe-model-v1"
 HF_MODEL_TYPES = {"lxmert": "lxmert", "visual_bert": "visualbert"}  # config.json model_type -> arch
@@ -56,11 +56,6 @@ OFFICIAL = {"lxmert": lx, "visualbert": vbo, "vlbert": vl, "vilbert": vil}
 # {"state_dict": ..., "optimizer": ..., ...}); the others save the state dict itself
 _FILE_KEYS = {"vlbert": "state_dict"}
 
-
-
-def _saved_classes(arch: str) -> dict[str, type[nn.Module]]:
-    """Class name -> class of the models a checkpoint of `arch` may hold, the default first."""
-    return {cls.__name__: cls for cls in ARCHS[arch].saved}
 
 
 @dataclass(frozen=True)
@@ -229,7 +224,7 @@ def _has_heads(arch: str, raw: dict[str, torch.Tensor]) -> bool:
 
 def build_model(checkpoint: Checkpoint) -> nn.Module:
     """The model class a checkpoint is for, built from its config with its weights loaded."""
-    model = _saved_classes(checkpoint.arch)[checkpoint.report.model](checkpoint.config)
+    model = saved_classes(checkpoint.arch)[checkpoint.report.model](checkpoint.config)
     model.load_state_dict(checkpoint.state_dict, strict=True)
     return model
 
@@ -243,7 +238,7 @@ def _read_ours(path: Path, drop_heads: bool, notes: list[str]) -> tuple[Any, dic
         raise CheckpointError(
             f"{path / 'config.json'}: not a {ARCHS[arch].config.__name__}: {err}"
         ) from None
-    classes = _saved_classes(arch)
+    classes = saved_classes(arch)
     model = meta.get("model", next(iter(classes)))
     if model not in classes:
         raise CheckpointError(
@@ -322,7 +317,7 @@ def model_name(arch: str, config: Any, state: dict[str, torch.Tensor]) -> str:
         raise CheckpointError(
             f"{arch} needs a {ARCHS[arch].config.__name__}, got {type(config).__name__}"
         )
-    candidates = _saved_classes(arch)
+    candidates = saved_classes(arch)
     for name, cls in candidates.items():
         if set(shapes_of(cls, config)) == set(state):
             check_state(state, shapes_of(cls, config), f"{arch} state dict ({name})")
@@ -381,8 +376,6 @@ def save_official(
     """Write a file as the architecture's authors released it: `torch.save` of their state dict
     (LXMERT's with DataParallel's `module.` prefix, the pretraining model or the encoder alone)."""
     model = model_name(arch, config, state_dict)
-    if arch not in OFFICIAL:
-        raise CheckpointError(f"{arch}: no official format to write; use --to ours")
     official = OFFICIAL[arch].write_official(config, state_dict, model)
     if arch in _FILE_KEYS:  # as their training script saves it, for their loader
         official = {_FILE_KEYS[arch]: official}

@@ -31,15 +31,12 @@ from pathlib import Path
 
 import torch
 
+from model.archs import saved_classes
 from model.checkpoints.common import CheckpointError, check_state, shapes_of
-from model.vilbert import VilBertConfig, VilBertModel
-from model.vilbert_beta_tasks import VilBertForBetaTasks
-from model.vilbert_multitask import VilBertForMultiTask
-from model.vilbert_pretraining import VilBertForPreTraining
+from model.vilbert import VilBertConfig
 
 BACKBONE = "vilbert."  # our backbone's prefix inside the pretraining and multi-task models
-CLASSES = {cls.__name__: cls for cls in (
-    VilBertModel, VilBertForPreTraining, VilBertForMultiTask, VilBertForBetaTasks)}
+CLASSES = saved_classes("vilbert")
 ALIGN = ("align_head.classifier.weight", "align_head.classifier.bias")  # rows swapped both ways
 TIED = ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight")  # alias, owner
 TASK_HEADS = ("vil_prediction.", "vil_prediction_gqa.", "vil_binary_prediction.", "vil_logit.",

@@ -14,17 +14,10 @@ import dataclasses
 from collections.abc import Collection, Mapping
 
 import torch
-from torch import nn
 
+from model.archs import saved_classes
 from model.checkpoints.common import CheckpointError, check_state, shapes_of
-from model.visualbert import VisualBertConfig, VisualBertModel
-from model.visualbert_pretraining import VisualBertForPreTraining
-from model.visualbert_tasks import (
-    VisualBertForMultipleChoice,
-    VisualBertForQuestionAnswering,
-    VisualBertForRegionToPhraseAlignment,
-    VisualBertForVisualReasoning,
-)
+from model.visualbert import VisualBertConfig
 
 HF_PREFIX = "visual_bert."  # the backbone inside VisualBertForPreTraining and the task models
 
@@ -211,17 +204,7 @@ def config_to_hf(config: VisualBertConfig) -> dict:
 
 # --- whole models, heads included ----------------------------------------------------------------
 
-CLASSES: dict[str, type[nn.Module]] = {  # the Hugging Face class name is ours too
-    cls.__name__: cls
-    for cls in (
-        VisualBertModel,
-        VisualBertForPreTraining,
-        VisualBertForQuestionAnswering,
-        VisualBertForVisualReasoning,
-        VisualBertForMultipleChoice,
-        VisualBertForRegionToPhraseAlignment,
-    )
-}
+CLASSES = saved_classes("visualbert")  # each Hugging Face class with heads has ours of its name
 BACKBONE = "visualbert."  # our heads' models keep the encoder there (ARCHS' encoder_attr)
 
 _PRETRAINING_HEADS = {  # ours -> Hugging Face, modules (weight and bias) or single tensors

@@ -28,18 +28,11 @@ from pathlib import Path
 
 import torch
 
+from model.archs import saved_classes
 from model.checkpoints.common import CheckpointError, check_state, shapes_of
-from model.vlbert import VlBertConfig, VlBertModel
-from model.vlbert_pretraining import VlBertForPreTraining
-from model.vlbert_tasks import (
-    VlBertForMultipleChoice,
-    VlBertForQuestionAnswering,
-    VlBertForReferringExpressions,
-)
+from model.vlbert import VlBertConfig
 
-MODELS = {cls.__name__: cls for cls in (VlBertModel, VlBertForPreTraining,
-                                        VlBertForQuestionAnswering, VlBertForReferringExpressions,
-                                        VlBertForMultipleChoice)}
+MODELS = saved_classes("vlbert")
 
 PREFIX = "module."  # DataParallel's, on every name of their files
 FAST_RCNN = "image_feature_extractor."
