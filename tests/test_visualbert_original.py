@@ -49,11 +49,9 @@ import torch.nn.functional as F
 
 from model.checkpoints import (
     build_model,
-    formats,
     load_checkpoint,
     save_official,
     save_ours,
-    visualbert_original,
 )
 from model.checkpoints import lxmert as lx
 from model.checkpoints.common import CheckpointError
