@@ -310,21 +310,33 @@ class VlBertEmbeddings(nn.Module):
         special = input_ids.new_full((B, N + 1), c.img_token_id)
         special[:, N] = c.end_token_id
         tokens = torch.cat([input_ids, special], 1)  # (B, S)
-        region_segments = input_ids.new_full((B, N + 1), c.region_segment_id)
-        segments = torch.cat([token_type_ids, region_segments], 1)
-        # one past the last real text token: the slot after [SEP], whatever padding follows
-        if text_mask is None:
-            text_end = input_ids.new_full((B, 1), T)
-        else:
-            counts = torch.arange(1, T + 1, device=input_ids.device)
-            text_end = (counts * text_mask).amax(1, keepdim=True)  # (B, 1)
-        positions = torch.cat([
-            torch.arange(T, device=input_ids.device).expand(B, T),
-            text_end.expand(B, N),
-            text_end + 1,
-        ], 1)  # (B, S)
+        segments, positions = segments_and_positions(token_type_ids, text_mask, N,
+                                                     c.region_segment_id)
         x = self.token(tokens) + visual + self.segment(segments) + self.position(positions)
         return self.dropout(self.norm(x))
+
+
+def segments_and_positions(
+    token_type_ids: torch.Tensor, text_mask: torch.Tensor | None, num_regions: int,
+    region_segment_id: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The segment and position ids (B, S) of `[text (T); regions (N); END]` (module docstring):
+    text as given / 0..T-1, regions and [END] `region_segment_id`; every region at one past the
+    last real text token (the slot after [SEP], whatever padding follows), [END] after it."""
+    B, T = token_type_ids.shape
+    segments = torch.cat(
+        [token_type_ids, token_type_ids.new_full((B, num_regions + 1), region_segment_id)], 1)
+    if text_mask is None:
+        text_end = token_type_ids.new_full((B, 1), T)
+    else:
+        counts = torch.arange(1, T + 1, device=token_type_ids.device)
+        text_end = (counts * text_mask).amax(1, keepdim=True)  # (B, 1)
+    positions = torch.cat([
+        torch.arange(T, device=token_type_ids.device).expand(B, T),
+        text_end.expand(B, num_regions),
+        text_end + 1,
+    ], 1)
+    return segments, positions
 
 
 class VlBertOfficialEmbeddings(nn.Module):
@@ -395,18 +407,8 @@ class VlBertOfficialEmbeddings(nn.Module):
         regions = region_tokens + self.visual_region_norm(visual)  # (B, N, H)
         end = self.end_token.expand(B, 1, -1)
 
-        segments = torch.cat([token_type_ids, token_type_ids.new_full((B, N + 1),
-                                                                      c.region_segment_id)], 1)
-        if text_mask is None:
-            text_end = input_ids.new_full((B, 1), T)
-        else:
-            counts = torch.arange(1, T + 1, device=input_ids.device)
-            text_end = (counts * text_mask).amax(1, keepdim=True)  # (B, 1)
-        positions = torch.cat([
-            torch.arange(T, device=input_ids.device).expand(B, T),
-            text_end.expand(B, N),
-            text_end + 1,
-        ], 1)  # (B, S)
+        segments, positions = segments_and_positions(token_type_ids, text_mask, N,
+                                                     c.region_segment_id)
         x = torch.cat([text, regions, end.to(text.dtype)], 1)
         x = x + self.segment(segments) + self.position(positions)
         return self.dropout(self.norm(x))
