@@ -4,7 +4,8 @@ Every architecture (lxmert.py, visualbert.py, vlbert.py, vilbert.py) keeps its o
 modules, and so its state_dict names, projects through `project` and calls `attend` between its
 projections and its output. A model prepares each of its masks once per forward (`key_mask`) and
 hands the prepared mask to every layer: the mask's handling then costs its few ops once, not once
-per layer.
+per layer. `masked_mean` is the mean over unmasked positions that several models take (VL-BERT's
+whole-image feature, ViLBERT's dynamic-attention gate, the authors'-layout VL-BERT's region 0).
 """
 
 from __future__ import annotations
@@ -117,3 +118,13 @@ def attend(
         if mask is not None:
             out = out * mask.some
     return out.transpose(1, 2).flatten(2), probs
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the positions where mask is true (None: every position): x (B, L, W), mask
+    (B, L) bool -> (B, W); zeros if none. Masked positions are left out, not multiplied by 0
+    (whatever they hold, NaN too, never reaches the mean)."""
+    if mask is None:
+        return x.sum(1) / max(x.shape[1], 1)
+    total = torch.where(mask[..., None], x, 0).sum(1)
+    return total / mask.sum(1, keepdim=True).clamp(min=1).to(x.dtype)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model.attention import masked_mean
 from model.heads import (
     AnswerHead,
     MultipleChoiceHead,
@@ -99,8 +100,7 @@ def with_whole_image(**inputs: torch.Tensor | None) -> dict[str, torch.Tensor | 
     features, boxes, mask = inputs["features"], inputs["boxes"], inputs.get("region_mask")
     assert features is not None and boxes is not None
     B = features.shape[0]
-    real = (mask if mask is not None else features.new_ones(features.shape[:2])).to(features.dtype)
-    whole = (features * real[..., None]).sum(1) / real.sum(1).clamp(min=1)[:, None]  # (B, D)
+    whole = masked_mean(features, None if mask is None else mask.bool())  # (B, D)
     whole_box = boxes.new_tensor([0.0, 0.0, 1.0, 1.0]).expand(B, 1, 4)
     out = dict(inputs, features=torch.cat([whole[:, None], features], 1),
                boxes=torch.cat([whole_box, boxes], 1))

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import KeyMask, attend, compute_dtype, key_mask, project
+from model.attention import KeyMask, attend, compute_dtype, key_mask, masked_mean, project
 
 
 @dataclass(frozen=True)
@@ -336,14 +336,6 @@ class VilBertVisualEmbeddings(nn.Module):
         dtype = self.feature.weight.dtype
         x = self.feature(features.to(dtype)) + self.location(locations.to(dtype))
         return self.dropout(self.norm(x))
-
-
-def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """x (B, L, W), mask (B, L) bool or None (nothing padded) -> (B, W), the mean of the kept."""
-    if mask is None:
-        return x.mean(1)
-    keep = mask[..., None].to(x.dtype)
-    return (x * keep).sum(1) / keep.sum(1)
 
 
 def with_global_region(

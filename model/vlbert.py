@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.attention import KeyMask, attend, compute_dtype, key_mask, project
+from model.attention import KeyMask, attend, compute_dtype, key_mask, masked_mean, project
 
 
 @dataclass(frozen=True)
@@ -199,15 +199,6 @@ def box_geometry_embedding(
     inv_wavelengths = wavelength ** (-torch.arange(n, device=boxes.device, dtype=torch.float32) / n)
     angles = (boxes * scale)[..., None] * inv_wavelengths  # (..., 4, n)
     return torch.cat([angles.sin(), angles.cos()], -1).flatten(-2)  # (..., 4 * 2n)
-
-
-def masked_mean(features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean over the regions where mask is true (None: every region): (B, N, D), (B, N) bool ->
-    (B, D); zeros if none."""
-    if mask is None:
-        return features.sum(1) / max(features.shape[1], 1)
-    total = torch.where(mask[..., None], features, 0).sum(1)
-    return total / mask.sum(1, keepdim=True).clamp(min=1).to(features.dtype)
 
 
 class VlBertSelfAttention(nn.Module):
