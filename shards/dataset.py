@@ -1,6 +1,6 @@
 """RegionBatches: shards -> collated RegionBatches, a torch IterableDataset for one's own loop.
 
-The samples are `iter_samples`' (shard shuffle by (seed, epoch), a shuffle buffer, a disjoint
+The samples are ShardDataset's (`iter_samples`': shard shuffle by (seed, epoch), a shuffle buffer, a disjoint
 share of whole shards per rank and per DataLoader worker, local paths or s3:// URLs); each worker
 batches its own samples, so a DataLoader takes the batches as they are (`batch_size=None`):
 
@@ -13,21 +13,22 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 
-import torch.utils.data
+import torch
 
 from shards.batch import RegionBatch, collate_regions
-from shards.reader import iter_samples
+from shards.reader import ShardDataset
 from shards.schema import Sample
 
 
-class RegionBatches(torch.utils.data.IterableDataset):
+class RegionBatches(ShardDataset):
     """Batches of `batch_size` samples of a shard directory (or shard paths, or a URL), collated
-    by collate_regions; call `set_epoch` before each epoch to reshuffle.
+    by collate_regions: ShardDataset's samples (call `set_epoch` before each epoch to reshuffle),
+    batched.
 
     max_boxes / pad_to / features_dtype: collate_regions' (a model's max_boxes: 36 for LXMERT's
         files, 100 for the adaptive presets' most).
     drop_last: leave out each worker's last batch when it is short.
-    rank / world_size / shuffle / seed: iter_samples' (this process's share of the shards, and
+    rank / world_size / shuffle / seed: ShardDataset's (this process's share of the shards, and
         the shuffle buffer's size; 0 reads in order).
     """
 
@@ -45,22 +46,15 @@ class RegionBatches(torch.utils.data.IterableDataset):
         shuffle: int = 0,
         seed: int = 0,
     ):
-        super().__init__()
+        super().__init__(source, rank=rank, world_size=world_size, shuffle=shuffle, seed=seed)
         if batch_size <= 0:
             raise ValueError(f"batch_size = {batch_size}: must be positive")
-        self.source, self.batch_size, self.drop_last = source, batch_size, drop_last
+        self.batch_size, self.drop_last = batch_size, drop_last
         self.collate = {"max_boxes": max_boxes, "pad_to": pad_to, "features_dtype": features_dtype}
-        self.rank, self.world_size, self.shuffle, self.seed, self.epoch = (
-            rank, world_size, shuffle, seed, 0)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[RegionBatch]:
-        samples = iter_samples(self.source, rank=self.rank, world_size=self.world_size,
-                               shuffle=self.shuffle, seed=self.seed, epoch=self.epoch)
+    def __iter__(self) -> Iterator[RegionBatch]:  # type: ignore[override]
         batch: list[Sample] = []
-        for sample in samples:
+        for sample in super().__iter__():
             batch.append(sample)
             if len(batch) == self.batch_size:
                 yield collate_regions(batch, **self.collate)
