@@ -362,6 +362,9 @@ def test_detection_refuses_what_it_cannot_read(tmp_path):
     (tmp_path / "pickle.pth").write_bytes(b"not a pickle")
     with pytest.raises(CheckpointError, match="not a readable torch checkpoint"):
         load_checkpoint(tmp_path / "pickle.pth")
+    (tmp_path / "text.th").write_text("hello\n")  # torch's own error: "KeyError: 101"
+    with pytest.raises(CheckpointError, match=r"\(no pickle torch.load\(weights_only=True\) reads\)"):
+        load_checkpoint(tmp_path / "text.th")
     torch.save({"module.bert.x": [1, 2]}, tmp_path / "objects.pth")
     with pytest.raises(CheckpointError, match="flat dict of tensors, found .module.bert.x.: list"):
         load_checkpoint(tmp_path / "objects.pth")

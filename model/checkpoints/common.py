@@ -116,8 +116,9 @@ def _torch_load(path: Path) -> Any:
                 f"{found.group(1)}; a checkpoint holds only tensors, so this file is not one (or "
                 "is malicious)"
             ) from None
+        # bytes that are no pickle at all: torch's legacy loader fails on its first opcode
         reason = ("no pickle torch.load(weights_only=True) reads"
-                  if isinstance(err, pickle.UnpicklingError)
+                  if isinstance(err, (pickle.UnpicklingError, KeyError))
                   else " ".join(str(err).split()) or type(err).__name__)
         raise CheckpointError(f"{path}: not a readable torch checkpoint ({reason})") from None
 
