@@ -75,9 +75,12 @@ class RegionExtractor:
         """What decides the regions: detector, preprocessing, selection (recorded in shards)."""
         return self.extractor.cfg
 
+    # A str is also a Sequence: the first signature, which takes it, is the one that applies.
     @overload
-    def __call__(self, images: ImageInput, *, boxes: np.ndarray | None = ...,
-                 errors: Literal["raise", "return"] = ...) -> Regions | ImageFailure: ...
+    def __call__(  # type: ignore[overload-overlap]
+        self, images: ImageInput, *, boxes: np.ndarray | None = ...,
+        errors: Literal["raise", "return"] = ...,
+    ) -> Regions | ImageFailure: ...
 
     @overload
     def __call__(self, images: Sequence[ImageInput], *,
@@ -106,13 +109,17 @@ class RegionExtractor:
         if given != (boxes is not None):
             raise ValueError("boxes are given exactly in box mode 'given' (load(..., "
                              f"boxes='given')); this extractor's mode is {self.cfg.selection.mode!r}")
-        single = not isinstance(images, (list, tuple))
-        items = [images] if single else list(images)
-        per_image = None
-        if boxes is not None:
-            per_image = [boxes] if single else list(boxes)
-            if len(per_image) != len(items):
-                raise ValueError(f"{len(per_image)} box arrays for {len(items)} images")
+        per_image: list[np.ndarray] | None = None
+        if isinstance(images, (list, tuple)):
+            single, items = False, list(images)
+            if boxes is not None:
+                per_image = [np.asarray(b) for b in boxes]
+        else:
+            single, items = True, [images]
+            if boxes is not None:
+                per_image = [np.asarray(boxes)]
+        if per_image is not None and len(per_image) != len(items):
+            raise ValueError(f"{len(per_image)} box arrays for {len(items)} images")
         results: list[Regions | ImageFailure] = []
         for start in range(0, len(items), self.batch_size):
             cut = slice(start, start + self.batch_size)

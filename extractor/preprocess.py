@@ -237,11 +237,11 @@ def _header_failure(data: bytes) -> str | None:
     return None
 
 
-def _failure(image_format: str, part: str, exc: BaseException) -> str:
+def _failure(image_format: str | None, part: str, exc: BaseException) -> str:
     """"truncated JPEG data: <PIL's message>", or "corrupt ..." (see decode_image)."""
     message = _message(exc)
     truncated = isinstance(exc, EOFError) or "truncated" in message.lower()
-    return f"{'truncated' if truncated else 'corrupt'} {image_format} {part}: {message}"
+    return f"{'truncated' if truncated else 'corrupt'} {image_format or 'image'} {part}: {message}"
 
 
 def _message(exc: BaseException) -> str:

@@ -64,6 +64,8 @@ class Regions(RegionFeatures):
         most confident first, those with object confidence >= min_conf, each labelled with its
         top attribute (above min_attr_conf), object name and confidence. A notebook shows the
         returned picture inline."""
+        if self.source is None:
+            raise ValueError(f"{self.name or 'these regions'}: no image to draw on (source=None)")
         # min_side 1: the image already passed extraction's size checks.
         bgr = read_image(self.source, self.name, PreprocessConfig(min_side=1))
         image = Image.fromarray(np.ascontiguousarray(bgr[..., ::-1]))

@@ -467,7 +467,9 @@ class VilBertModel(nn.Module):
         pooled, pooled_visual = act(self.text_pooler(t[:, 0])), act(self.visual_pooler(v[:, 0]))
         attentions = None
         if output_attentions:
-            attentions = VilBertAttentions(*(tuple(weights[k]) for k in ("t", "v", "tv", "vt")))
+            # every layer returned its weights (none is None)
+            attentions = VilBertAttentions(*(tuple(w for w in weights[k] if w is not None)
+                                             for k in ("t", "v", "tv", "vt")))
         return VilBertOutput(
             text_hidden=t,
             visual_hidden=v,

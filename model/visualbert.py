@@ -184,8 +184,9 @@ class VisualBertAttention(nn.Module):
         keep: torch.Tensor | KeyMask | None,  # (B, L) bool, True = a real key; None: all real
         output_attentions: bool,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:  # (B, L, H), (B, heads, L, L) or None
+        q, k, v = project(x, self.query, self.key, self.value)
         ctx, probs = attend(
-            *project(x, self.query, self.key, self.value),
+            q, k, v,
             keep,
             num_heads=self.num_heads,
             dropout_p=self.dropout_p if self.training else 0.0,

@@ -216,8 +216,9 @@ class VlBertSelfAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x (B, S, H), keep (B, S) bool (or prepared: `key_mask`) or None (no padding) ->
         (B, S, H), weights (B, heads, S, S) | None."""
+        q, k, v = project(x, self.query, self.key, self.value)
         context, weights = attend(
-            *project(x, self.query, self.key, self.value), keep, num_heads=self.num_heads,
+            q, k, v, keep, num_heads=self.num_heads,
             dropout_p=self.dropout if self.training else 0.0, need_weights=need_weights)
         return self.out(context), weights
 
@@ -417,6 +418,7 @@ class VlBertModel(nn.Module):
         if config.layout == "official":
             # the authors' init: the masked appearance 0 (kept), the learned vectors N(0, std)
             e = self.embeddings
+            assert isinstance(e, VlBertOfficialEmbeddings)
             for row in (e.img_token, e.masked_img_token, e.end_token, e.text_only_visual):
                 nn.init.normal_(row, std=config.initializer_range)
             # their visual LayerNorms' gains start at 0 (visual_scale_*_init in every cfg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from functools import partial
 
 import torch
 
@@ -50,14 +51,15 @@ class RegionBatches(ShardDataset):
         if batch_size <= 0:
             raise ValueError(f"batch_size = {batch_size}: must be positive")
         self.batch_size, self.drop_last = batch_size, drop_last
-        self.collate = {"max_boxes": max_boxes, "pad_to": pad_to, "features_dtype": features_dtype}
+        self.collate = partial(collate_regions, max_boxes=max_boxes, pad_to=pad_to,
+                               features_dtype=features_dtype)
 
     def __iter__(self) -> Iterator[RegionBatch]:  # type: ignore[override]
         batch: list[Sample] = []
         for sample in super().__iter__():
             batch.append(sample)
             if len(batch) == self.batch_size:
-                yield collate_regions(batch, **self.collate)
+                yield self.collate(batch)
                 batch = []
         if batch and not self.drop_last:
-            yield collate_regions(batch, **self.collate)
+            yield self.collate(batch)

@@ -33,7 +33,9 @@ from shards.storage import Location, as_path, sort_paths
 from shards.tar_headers import headers
 
 
-def list_shards(source: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Location]:
+def list_shards(
+    source: str | os.PathLike | Location | Sequence[str | os.PathLike | Location],
+) -> list[Location]:
     """Sorted `*.tar` shards of a directory (hidden and temporary files excluded), or given paths."""
     if isinstance(source, str) or not isinstance(source, Sequence):
         source = as_path(source)
@@ -102,9 +104,10 @@ def iter_members(shards: Iterable[Location]) -> Iterator[tuple[Location, str, by
             with shard.open("rb") as f, tarfile.open(fileobj=f, mode="r|") as tar:
                 for info in tar:
                     key = info.name.partition(".")[0]
-                    if not info.isfile():
+                    member = tar.extractfile(info) if info.isfile() else None
+                    if member is None:
                         raise SchemaError(f"{shard}: member {info.name!r} is not a regular file")
-                    yield shard, info.name, tar.extractfile(info).read()
+                    yield shard, info.name, member.read()
         except tarfile.TarError as e:
             raise unreadable_tar(shard, key, e) from e
 

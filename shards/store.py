@@ -44,7 +44,7 @@ def cache_dir() -> Path:
 
 def index_path(directory: Location) -> Path:
     """Where the index of a shard directory (a path, made absolute, or a URL) is kept."""
-    name = str(directory) if is_url(directory) else os.path.abspath(directory)
+    name = str(directory) if is_url(directory) else os.path.abspath(str(directory))
     return cache_dir() / "store" / f"{hashlib.sha256(name.encode()).hexdigest()[:24]}.npz"
 
 
@@ -139,7 +139,8 @@ class FeatureStore:
                     return {k: saved[k] for k in ("keys", "shard", "offset", "length")}
         index = build_index(self.shards)
         saved = io.BytesIO()
-        np.savez(saved, names=names, fingerprint=fingerprint, **index)
+        # numpy's stub takes **arrays for its allow_pickle flag.
+        np.savez(saved, names=names, fingerprint=fingerprint, **index)  # type: ignore[arg-type]
         # An unwritable cache: the index stays in memory.
         with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -206,7 +207,7 @@ class FeatureStore:
             return self._fds[shard]
         if len(self._fds) >= self.max_open_files:
             os.close(self._fds.popitem(last=False)[1])
-        self._fds[shard] = os.open(self.shards[shard], os.O_RDONLY)
+        self._fds[shard] = os.open(str(self.shards[shard]), os.O_RDONLY)
         return self._fds[shard]
 
     def __getstate__(self) -> dict:
