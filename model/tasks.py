@@ -37,6 +37,7 @@ from model.heads import (
     RetrievalHead,
     init_bert_weights,
 )
+from model.region_attention import RegionAttention, text_to_regions
 from model.vilbert import VilBertConfig, VilBertOutput
 from model.vlbert import VlBertConfig
 
@@ -77,14 +78,28 @@ class TaskModel(nn.Module):
 
     def encode(self, **inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The encoder's forward arguments -> joint vector (B, P), region states (B, N, Hv)."""
+        joint, regions = joint_outputs(self.encoder(**self._encoder_inputs(inputs)))
+        if _whole_image_first(self.encoder.config):
+            return joint, regions[:, 1:]
+        return joint, regions
+
+    def region_attention(self, arch: str, **inputs: torch.Tensor | None) -> RegionAttention:
+        """The encoder's text -> region attention (model.region_attention; `arch` names the
+        encoder's architecture) on a one-image batch's inputs, over the N regions given."""
+        found = text_to_regions(arch, self.encoder, self._encoder_inputs(inputs))
+        if not _whole_image_first(self.encoder.config):
+            return found
+        return RegionAttention(found.layers, found.maps[..., 1:])
+
+    def _encoder_inputs(self, inputs: dict[str, torch.Tensor | None]
+                        ) -> dict[str, torch.Tensor | None]:
+        """`inputs` with what this encoder also reads: the task token of a 12-in-1 ViLBERT, the
+        whole image as region 0 for VL-BERT's authors' layout."""
         if self.task_id is not None:
             ids = inputs["input_ids"]
             assert ids is not None
             inputs = dict(inputs, task_ids=ids.new_full(ids.shape[:1], self.task_id))
-        if not _whole_image_first(self.encoder.config):
-            return joint_outputs(self.encoder(**inputs))
-        joint, regions = joint_outputs(self.encoder(**with_whole_image(**inputs)))
-        return joint, regions[:, 1:]
+        return with_whole_image(**inputs) if _whole_image_first(self.encoder.config) else inputs
 
 
 def _whole_image_first(config: object) -> bool:

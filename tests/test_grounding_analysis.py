@@ -16,7 +16,7 @@ import torch
 
 from model.archs import ARCHS
 from model.checkpoints.formats import save_ours
-from pipeline.analyze.attention import text_to_regions
+from model.region_attention import text_to_regions
 from pipeline.cli import main
 from pipeline.common.text import encode_texts, load_tokenizer
 from pipeline.finetune.data import Features

@@ -203,3 +203,35 @@ def test_a_flickr30k_run_scores_the_matrix_pipeline_predict_writes(pretrain_worl
                       [store[by_imgid[i]] for i in written.imgids.tolist()])
     assert scores.shape == written.scores.shape and scores.dtype == np.float32
     np.testing.assert_allclose(scores, written.scores, rtol=1e-5, atol=1e-6)
+
+
+def test_a_vqa_run_shows_where_the_question_looks(pretrain_world, tiny_vqa_run):
+    """QuestionAttention against the run's LXMERT encoder fed by hand: the question tokenized by
+    the run's tokenizer, the sample's features and its boxes divided by the image's size."""
+    vqa = load_predictor(tiny_vqa_run)
+    store = FeatureStore(pretrain_world.shards[0])
+    sample = store[next(store.keys())]
+    question = "what colour is the ball?"
+    seen = vqa.attention(question, sample)
+
+    tokenizer = vqa.run.objective.tokenizer
+    ids = tokenizer(question)["input_ids"]
+    assert seen.words == tokenizer.convert_ids_to_tokens(ids)
+    assert seen.words[0] == "[CLS]" and seen.words[-1] == "[SEP]" and "ball" in seen.words
+    n = min(len(sample.arrays["boxes"]), vqa.run.config.data.max_boxes)
+    size = np.array([sample.meta["width"], sample.meta["height"]] * 2, np.float32)
+    features = torch.from_numpy(sample.arrays["features"][:n].astype(np.float32))[None]
+    with torch.no_grad():
+        out = vqa.run.model.encoder(
+            input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+            token_type_ids=torch.zeros(1, len(ids), dtype=torch.long), features=features,
+            boxes=torch.from_numpy(sample.arrays["boxes"][:n] / size)[None],
+            region_mask=torch.ones(1, n), output_attentions=True)
+    expected = torch.stack(out.attentions.cross_text_to_visual, dim=1)[0]  # (L, heads, T, N)
+    assert seen.layers == tuple(f"x{i + 1}" for i in range(len(expected)))
+    assert seen.maps.shape == expected.shape
+    torch.testing.assert_close(seen.maps, expected, rtol=1e-5, atol=1e-6)
+    # LXMERT's cross attention reads the regions only: each word's row sums to 1
+    torch.testing.assert_close(seen.maps.sum(-1), torch.ones(expected.shape[:-1]))
+    np.testing.assert_allclose(seen.per_region(), expected[-1].mean(dim=(0, 1)).numpy(),
+                               rtol=1e-6)

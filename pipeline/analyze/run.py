@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pipeline.analyze.attention import text_to_regions
+from model.region_attention import text_to_regions
 from pipeline.analyze.cases import ENTITY, Case, Skipped, batch_cases, encode_words, sentence_cases
 from pipeline.analyze.entities import EntitySentence, ImageEntities
 from pipeline.analyze.grounding import HeadTally, score_batch

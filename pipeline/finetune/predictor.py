@@ -138,8 +138,29 @@ class Predictor:
         return self.run.model(**batch.inputs).float().cpu()
 
 
+@dataclass(frozen=True)
+class QuestionAttention:
+    """How the words of a question attend to an image's regions in a run's encoder, in the heads
+    model.region_attention reads for its architecture.
+
+    words: the word pieces the model read ([CLS] and [SEP] included); layers: the layers' names;
+    maps (L, heads, words, regions) float32: each word's attention to each region given (the
+    run's first data.max_boxes), as the model computed it (not renormalised over the regions).
+    """
+
+    words: list[str]
+    layers: tuple[str, ...]
+    maps: torch.Tensor
+
+    def per_region(self, layer: int = -1) -> np.ndarray:
+        """(regions,) the attention each region gets in `layer` (default: the last), the mean over
+        the layer's heads and the question's words."""
+        return self.maps[layer].mean(dim=(0, 1)).numpy()
+
+
 class AnswerPredictor(Predictor):
-    """VQA / GQA: `(question, regions, top_k=5)` -> the top_k answers, best first."""
+    """VQA / GQA: `(question, regions, top_k=5)` -> the top_k answers, best first;
+    `attention(question, regions)`: where the question's words look."""
 
     def __call__(self, question: str, regions: Any, top_k: int = 5) -> list[Answer]:
         example = _example(self.task, question, 1)
@@ -148,6 +169,21 @@ class AnswerPredictor(Predictor):
         assert self.run.vocab is not None  # load_run_model reads one for every answer task
         answers = self.run.vocab.answers
         return [Answer(answers[r], float(v)) for v, r in zip(values.tolist(), rows.tolist())]
+
+    @torch.no_grad()
+    def attention(self, question: str, regions: Any) -> QuestionAttention:
+        """Each word's attention to each region (QuestionAttention) on the inputs the answer to
+        `question` is computed from. A run that trained its detector end to end is refused
+        (ValueError): its regions come from its own detector."""
+        if self.run.pixels is not None:
+            raise ValueError(f"this {self.task} run trained its detector end to end: the regions "
+                             "it answers from are its detector's, not the ones given")
+        batch = self.run.make_batch([_example(self.task, question, 1)], [(as_sample(regions),)])
+        inputs = batch.to(self.device).inputs
+        found = self.run.model.region_attention(self.run.config.arch, **inputs)
+        ids = inputs["input_ids"][0][inputs["attention_mask"][0].bool()]
+        words = self.run.objective.tokenizer.convert_ids_to_tokens(ids.tolist())
+        return QuestionAttention(words, found.layers, found.maps[0, :, :, :len(words)].cpu())
 
 
 class PairPredictor(Predictor):

@@ -20,6 +20,7 @@ co-attention layers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -37,12 +38,14 @@ class RegionAttention:
     maps: torch.Tensor
 
 
-def text_to_regions(arch: str, encoder: nn.Module, inputs: dict[str, torch.Tensor]
+def text_to_regions(arch: str, encoder: nn.Module, inputs: Mapping[str, torch.Tensor | None]
                     ) -> RegionAttention:
     """The encoder's text -> region attention for a batch of model inputs (input_ids,
     attention_mask, token_type_ids, features, boxes, region_mask: pipeline/common/text.py and
     shards/batch.py)."""
-    T, N = inputs["input_ids"].shape[1], inputs["features"].shape[1]
+    ids, features = inputs["input_ids"], inputs["features"]
+    assert ids is not None and features is not None
+    T, N = ids.shape[1], features.shape[1]
     out = encoder(**inputs, output_attentions=True)
     if arch in ONE_STREAM:
         maps = [probs[:, :, :T, T:T + N] for probs in out.attentions]
