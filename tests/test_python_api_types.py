@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ["extractor", "shards", "model", "pipeline.finetune"]
 
