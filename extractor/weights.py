@@ -191,8 +191,8 @@ def _read_torch(path: Path) -> dict[str, torch.Tensor]:
                   if isinstance(err, pickle.UnpicklingError)
                   else " ".join(str(err).split()) or type(err).__name__)
         raise WeightsError(f"{path}: not a readable torch.save file ({reason})") from None
-    if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping):
-        obj = obj["model"]  # a Checkpointer's {"model": ..., "optimizer", "scheduler", ...}
+    if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping) and is_vinvl_layout(obj):
+        obj = obj["model"]  # VinVL's Checkpointer: {"model": ..., "optimizer", "scheduler", ...}
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         found = sorted(obj) if isinstance(obj, Mapping) else type(obj).__name__
         raise WeightsError(f"{path}: expected a flat state dict of tensors, found {found}")
