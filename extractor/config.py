@@ -261,8 +261,10 @@ class SelectionConfig:
 
     def __post_init__(self):
         _check_positive(self, "max_boxes", "num_boxes")
-        if self.label == "kept" and (self.rank != "region" or self.class_agnostic):
-            raise ValueError('label "kept" needs rank "region" with per-class NMS')
+        if self.label == "kept" and (self.rank != "region" or self.class_agnostic
+                                     or self.mode != "adaptive"):
+            raise ValueError('label "kept" needs mode "adaptive", rank "region" and per-class '
+                             'NMS')
         if not 0 <= self.min_boxes <= self.max_boxes:
             raise ValueError(
                 f"min_boxes = {self.min_boxes}: must be between 0 and max_boxes = {self.max_boxes}"

@@ -316,8 +316,6 @@ class Extractor:
         attr_conf, attr_ids = self._attributes(head.attr_logits)
         pending.rows = {"counts": counts, "offsets": offsets, "rois": all_rois,
                         "cls_probs": cls_probs, "attr_ids": attr_ids, "attr_conf": attr_conf}
-        if given_boxes is None and self.cfg.selection.label == "kept":
-            return pending  # selected image by image (_assemble): the batched rank is argmax's
 
         if given_boxes is None:
             sizes = to_device([(im.orig_height, im.orig_width) for im in images], self.device,
@@ -397,10 +395,6 @@ class Extractor:
         """RegionFeatures of a submitted batch: its copied results, and the images the batched
         selection could not settle selected alone (extractor.selection)."""
         images, given_boxes = pending.images, pending.given_boxes
-        if given_boxes is None and pending.rows and self.cfg.selection.label == "kept":
-            return [self._select_alone(pending, i) if pending.rows["counts"][i]
-                    else self._regions(im, _empty_arrays(self.cfg, pending.head))
-                    for i, im in enumerate(images)]
         if pending.transfer is None:  # no images, or no RoIs in any
             return [self._regions(im, _empty_arrays(self.cfg, pending.head)) for im in images]
         host = pending.transfer.wait("selected regions")

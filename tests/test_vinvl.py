@@ -201,14 +201,17 @@ def _match_ties(order_ref: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return order
 
 
-def _check_image(extractor: Extractor, name: str):
+def _prepared(extractor: Extractor, name: str):
     import skimage.data
 
-    ref = _reference()
     rgb = getattr(skimage.data, name)()
     image = resize_image(np.ascontiguousarray(rgb[:, :, ::-1]), extractor.cfg.preprocess)
-    assert list(image.pixels.shape[1:]) == ref[f"{name}.input_hw"].tolist()
-    got = extractor([image])[0]
+    assert list(image.pixels.shape[1:]) == _reference()[f"{name}.input_hw"].tolist()
+    return image
+
+
+def _check_regions(got, name: str):
+    ref = _reference()
     scores = ref[f"{name}.scores"]
     assert got.num_boxes == len(scores)
     ours = _match_ties(scores, got.boxes_xyxy_abs)
@@ -232,14 +235,17 @@ def _check_image(extractor: Extractor, name: str):
     np.testing.assert_allclose(norms, ref[f"{name}.features_norm"][theirs], rtol=1e-4)
 
 
-def test_matches_the_authors_code_top_up(vinvl_extractor):
-    """chelsea: no region reaches 0.2, the 10 best are kept."""
-    _check_image(vinvl_extractor, "chelsea")
+def test_matches_the_authors_code_in_one_batch(vinvl_extractor):
+    """chelsea (no region reaches 0.2: the 10 best) and coffee (400 x 600 -> 300 x 450: 25 reach
+    0.2) in one padded batch, each equal to their batch of 1, selected on the device."""
+    names = ["chelsea", "coffee"]
+    found = vinvl_extractor([_prepared(vinvl_extractor, name) for name in names])
+    assert all(regions.selected_by in ("batch", "dense") for regions in found)
+    for regions, name in zip(found, names):
+        _check_regions(regions, name)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["astronaut", "coffee"])
-def test_matches_the_authors_code_threshold(vinvl_extractor, name):
-    """astronaut (resized 512 -> 300) and coffee (400 x 600 -> 300 x 450): 79 and 25 regions
-    reach 0.2."""
-    _check_image(vinvl_extractor, name)
+def test_matches_the_authors_code_resized(vinvl_extractor):
+    """astronaut, resized 512 -> 300: 79 regions reach 0.2."""
+    _check_regions(vinvl_extractor([_prepared(vinvl_extractor, "astronaut")])[0], "astronaut")
