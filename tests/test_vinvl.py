@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from extractor.backbone import BottleneckBlock, BlockStyle, ResNetC4
 from extractor.config import (
-    VINVL_DETECTOR, DetectorConfig, PreprocessConfig, SelectionConfig, preset_config,
+    VINVL_DETECTOR, DetectorConfig, PreprocessConfig, preset_config,
 )
 from extractor.errors import WeightsError
 from extractor.extractor import Extractor
