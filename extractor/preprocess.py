@@ -430,7 +430,7 @@ def _maskrcnn_shape(height: int, width: int, cfg: PreprocessConfig) -> tuple[int
     size = cfg.min_size
     short, long = float(min(height, width)), float(max(height, width))
     if long / short * size > cfg.max_size:
-        size = int(round(cfg.max_size * short / long))
+        size = round(cfg.max_size * short / long)
     if min(height, width) == size:
         return height, width
     if width < height:

@@ -20,6 +20,7 @@ float32 values (JSON keeps them exactly), features their first D columns.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -77,25 +78,22 @@ def export_vinvl_tsv(shards_dir: str | os.PathLike, prefix: str | os.PathLike,
     number of rows."""
     paths = tsv_paths(prefix)
     temps = {k: p.with_name(f".{p.name}.tmp") for k, p in paths.items()}
-    files = {}
     count = 0
     try:
-        files = {k: open(t, "w", newline="", encoding="utf-8") for k, t in temps.items()}
-        for sample in iter_samples(shards_dir):
-            key = sample.meta["image_id"]
-            if "\t" in key or "\n" in key:
-                raise SchemaError(f"image id {key!r}: a TSV key holds no tab or newline")
-            for kind, text in sample_rows(sample, objects, attributes).items():
-                files[kind].write(f"{key}\t{text}\n")
-            count += 1
+        with contextlib.ExitStack() as stack:
+            files = {k: stack.enter_context(open(t, "w", newline="", encoding="utf-8"))
+                     for k, t in temps.items()}
+            for sample in iter_samples(shards_dir):
+                key = sample.meta["image_id"]
+                if "\t" in key or "\n" in key:
+                    raise SchemaError(f"image id {key!r}: a TSV key holds no tab or newline")
+                for kind, text in sample_rows(sample, objects, attributes).items():
+                    files[kind].write(f"{key}\t{text}\n")
+                count += 1
     except BaseException:
-        for f in files.values():
-            f.close()
         for t in temps.values():
             t.unlink(missing_ok=True)
         raise
-    for f in files.values():
-        f.close()
     for kind, path in paths.items():
         os.replace(temps[kind], path)
     return count

@@ -34,9 +34,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from extractor.backbone import BottleneckBlock, BlockStyle, ResNetC4
+from extractor.backbone import BlockStyle, BottleneckBlock, ResNetC4
 from extractor.config import (
-    VINVL_DETECTOR, DetectorConfig, PreprocessConfig, preset_config,
+    VINVL_DETECTOR,
+    DetectorConfig,
+    PreprocessConfig,
+    preset_config,
 )
 from extractor.errors import WeightsError
 from extractor.extractor import Extractor
@@ -44,7 +47,10 @@ from extractor.preprocess import resize_image, resized_shape
 from extractor.selection import select_regions
 from extractor.weights import fit_checkpoint, load_detector_weights, state_dict_sha256
 from tests.vinvl_fakes import (
-    SMALL_VINVL, released_layout, save_released_layout, small_vinvl,
+    SMALL_VINVL,
+    released_layout,
+    save_released_layout,
+    small_vinvl,
 )
 
 REFERENCE = Path(__file__).parent / "references" / "vinvl" / "small_x50c4_300_500.npz"
