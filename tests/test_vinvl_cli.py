@@ -1,5 +1,6 @@
 """`pipeline extract --preset vinvl --weights <VinVL's checkpoint layout>` on a folder, then the
-rest of the pipeline on its shards: verify, `show` with VinVL's label map names, the OSCAR TSVs."""
+rest of the pipeline: verify, resume, the Python API's same regions, `show` with VinVL's label
+map names, the OSCAR TSVs."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import numpy as np
 from PIL import Image
 from skimage import data
 
+import extractor
+from extractor.config import PreprocessConfig
 from pipeline.cli import main
 from shards.reader import iter_samples
 from tests.vinvl_fakes import SMALL_VINVL, save_released_layout, small_vinvl
@@ -34,7 +37,7 @@ def test_extract_show_and_export_with_vinvl_weights(tmp_path, capsys):
     assert main(["extract", "--dataset", "folder", "--root", str(root), "--out", str(out),
                  "--preset", "vinvl", "--weights", str(weights), "--device", "cpu",
                  "--engine", "local", "--set", "preprocess.min_size=96",
-                 "--set", "preprocess.max_size=160"]) == 0
+                 "--set", "preprocess.max_size=160", "--set", "run.batch_size=1"]) == 0
     samples = list(iter_samples(out))
     assert len(samples) == 2
     for sample in samples:
@@ -43,6 +46,21 @@ def test_extract_show_and_export_with_vinvl_weights(tmp_path, capsys):
         assert sample.arrays["features"].shape[1] == NARROW.feature_dim
         assert 10 <= sample.meta["num_boxes"] <= 100
     assert main(["shards", "verify", str(out)]) == 0
+    # Resumed: the same command keeps the finished shard and rewrites nothing.
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.tar")}
+    assert main(["extract", "--dataset", "folder", "--root", str(root), "--out", str(out),
+                 "--preset", "vinvl", "--weights", str(weights), "--device", "cpu",
+                 "--engine", "local", "--set", "preprocess.min_size=96",
+                 "--set", "preprocess.max_size=160", "--set", "run.batch_size=1"]) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.tar")} == before
+    # The Python API builds the same detector from the file's shapes: the same regions.
+    api = extractor.load(weights, preset="vinvl",
+                         preprocess=PreprocessConfig(min_size=96, max_size=160, resize="maskrcnn"))
+    by_id = {s.meta["image_id"]: s for s in samples}
+    regions = api(str(root / "astronaut.jpg"))
+    found = by_id["astronaut"].arrays
+    np.testing.assert_array_equal(regions.object_ids, found["object_ids"])
+    np.testing.assert_array_equal(regions.features, found["features"])
     capsys.readouterr()
     key = samples[0].key
     assert main(["show", "--shards", str(out), "--key", key, "--out", str(tmp_path / "k.png"),
