@@ -18,7 +18,8 @@ Reference (tests/references/vinvl/small_x50c4_300_500.npz), made by the authors'
   their model's `load_state_dict(strict=True)` (so the released layout is theirs); its cell
   anchors equal their `generate_anchors(16, (32, 64, 128, 256, 512), (0.5, 1, 2))`;
 - images: scikit-image's astronaut (512 x 512), coffee (400 x 600) and chelsea (300 x 451), RGB
-  PIL images; outputs: each detection after `BoxList.resize` to the image (their TSV writer's
+  PIL images (small_x50c4_600_1000.npz: astronaut and coffee at MIN_SIZE_TEST 600, MAX_SIZE_TEST
+  1000, the yaml's own); outputs: each detection after `BoxList.resize` to the image (their TSV writer's
   path): boxes, labels (0 = background), scores, the best attribute and its score
   (`attr_labels[:, 0]`, 0 where none passes 0.05), and of `box_features` the first 32 values and
   every row's L2 norm. They keep 79, 25 and 10 regions (threshold, threshold, top-up to 10).
@@ -53,7 +54,9 @@ from tests.vinvl_fakes import (
     small_vinvl,
 )
 
-REFERENCE = Path(__file__).parent / "references" / "vinvl" / "small_x50c4_300_500.npz"
+REFERENCES = Path(__file__).parent / "references" / "vinvl"
+REFERENCE = REFERENCES / "small_x50c4_300_500.npz"
+REFERENCE_PRESET_SIZES = REFERENCES / "small_x50c4_600_1000.npz"
 SMALL_PREPROCESS = PreprocessConfig(min_size=300, max_size=500, resize="maskrcnn")
 
 
@@ -182,8 +185,8 @@ def test_maskrcnn_resize_truncates():
     assert resized_shape(400, 1200, cfg) == (333, 999)
 
 
-def _reference():
-    return np.load(REFERENCE)
+def _reference(path=REFERENCE):
+    return np.load(path)
 
 
 @pytest.fixture(scope="module")
@@ -207,17 +210,17 @@ def _match_ties(order_ref: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     return order
 
 
-def _prepared(extractor: Extractor, name: str):
+def _prepared(extractor: Extractor, name: str, path=REFERENCE):
     import skimage.data
 
     rgb = getattr(skimage.data, name)()
     image = resize_image(np.ascontiguousarray(rgb[:, :, ::-1]), extractor.cfg.preprocess)
-    assert list(image.pixels.shape[1:]) == _reference()[f"{name}.input_hw"].tolist()
+    assert list(image.pixels.shape[1:]) == _reference(path)[f"{name}.input_hw"].tolist()
     return image
 
 
-def _check_regions(got, name: str):
-    ref = _reference()
+def _check_regions(got, name: str, path=REFERENCE):
+    ref = _reference(path)
     scores = ref[f"{name}.scores"]
     assert got.num_boxes == len(scores)
     ours = _match_ties(scores, got.boxes_xyxy_abs)
@@ -255,3 +258,16 @@ def test_matches_the_authors_code_in_one_batch(vinvl_extractor):
 def test_matches_the_authors_code_resized(vinvl_extractor):
     """astronaut, resized 512 -> 300: 79 regions reach 0.2."""
     _check_regions(vinvl_extractor([_prepared(vinvl_extractor, "astronaut")])[0], "astronaut")
+
+
+@pytest.mark.slow
+def test_matches_the_authors_code_at_the_presets_sizes():
+    """The preset's own 600/1000 (tests/references/vinvl/small_x50c4_600_1000.npz: the same run
+    at MIN_SIZE_TEST 600, MAX_SIZE_TEST 1000, the yaml's own): astronaut 512 -> 600 x 600 and
+    coffee 400 x 600 -> 600 x 900, 42 and 11 regions, in one batch."""
+    cfg = preset_config("vinvl", SMALL_VINVL)
+    ext = Extractor(cfg, small_vinvl(0))
+    names = ["astronaut", "coffee"]
+    found = ext([_prepared(ext, name, REFERENCE_PRESET_SIZES) for name in names])
+    for regions, name in zip(found, names):
+        _check_regions(regions, name, REFERENCE_PRESET_SIZES)
