@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from extractor.config import (
-    PRESETS, BoxMode, DetectorConfig, ExtractorConfig, PreprocessConfig, SelectionConfig,
+    PRESET_DETECTORS, PRESETS, BoxMode, DetectorConfig, ExtractorConfig, PreprocessConfig, SelectionConfig,
 )
 from extractor.detector import BUTDDetector
 from extractor.errors import WeightsError
@@ -31,7 +31,7 @@ from extractor.inputs import ImageInput, describe, read_image
 from extractor.preprocess import DecodedImage, ImageError, PreparedImage, prepare_image
 from extractor.regions import ImageFailure, Regions
 from extractor.weights import (
-    load_detector_weights, read_detector_config, records_detector_config,
+    fit_checkpoint, load_detector_weights, read_detector_config, records_detector_config,
 )
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -186,10 +186,13 @@ def load(
 ) -> RegionExtractor:
     """A RegionExtractor with `weights` (a checkpoint file, or None: random weights from `seed`).
 
-    preset: caffe, lxmert, pb-demo or hf-demo (extractor.config.PRESETS): the preprocessing and
-        selection of the feature files it reproduces; `preprocess` / `selection` replace them.
+    preset: caffe, lxmert, pb-demo, hf-demo or vinvl (extractor.config.PRESETS): the
+        preprocessing and selection of the feature files it reproduces; `preprocess` /
+        `selection` replace them.
     detector: the architecture; None: the one a checkpoint of ours records
-        (stored_detector_config), else the real Visual Genome ResNet-101 (DetectorConfig()).
+        (stored_detector_config), else the preset's (VinVL's X152-C4 for vinvl, its depth and
+        widths read from a VinVL checkpoint: extractor.weights.fit_checkpoint), else the real
+        Visual Genome ResNet-101 (DetectorConfig()).
     boxes: the preset's box mode replaced ("adaptive", "fixed", or "given": features of the
         boxes each call gives), as `pipeline extract --boxes`.
     config: a whole ExtractorConfig instead of preset / detector / preprocess / selection /
@@ -209,13 +212,16 @@ def load(
         if detector is None and weights is not None:
             detector = stored_detector_config(weights)
         config = ExtractorConfig(
-            detector=detector or DetectorConfig(), preprocess=preprocess or preset_preprocess,
+            detector=detector or PRESET_DETECTORS.get(preset, DetectorConfig()),
+            preprocess=preprocess or preset_preprocess,
             selection=selection or preset_selection, preset=preset,
             save_class_probs=save_class_probs,
         )
     if boxes is not None:
         config = dataclasses.replace(
             config, selection=dataclasses.replace(config.selection, mode=boxes))
+    if weights is not None and config.detector.box_convention == "detectron":
+        config = dataclasses.replace(config, detector=fit_checkpoint(config.detector, weights))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)

@@ -4,6 +4,8 @@ Module names follow detectron2 (`stem.conv1`, `res4.22.conv3.norm`, `shortcut`),
 names map one to one. Caffe style: a bottleneck block strides in its 1x1 `conv1` (not in the 3x3),
 every conv is followed by a frozen BatchNorm, and the stem max-pool has padding 0 and `ceil_mode`
 (`stem_pool="caffe"`; "torchvision" pads by 1 and floors, as VL-BERT's ResNet: DetectorConfig).
+`BlockStyle` gives the other layout, VinVL's ResNeXt (maskrcnn_benchmark's Bottleneck): the stride
+in a grouped 3x3 and frozen BatchNorms without epsilon.
 
 Batched inference pads images to a common size. To make a padded batch compute exactly what each
 image computes alone, every activation that a 3x3 conv or the max-pool reads is multiplied by a
@@ -12,6 +14,8 @@ positions, so a valid position only ever sees valid positions or zeros, as in a 
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -50,10 +54,11 @@ class ConvNorm(nn.Conv2d):
     (in place, or by a move to another device or memory format).
     """
 
-    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1, dilation: int = 1):
+    def __init__(self, in_ch: int, out_ch: int, kernel: int, stride: int = 1, dilation: int = 1,
+                 groups: int = 1, eps: float = 1e-5):
         padding = dilation * (kernel - 1) // 2
-        super().__init__(in_ch, out_ch, kernel, stride, padding, dilation, bias=False)
-        self.norm = FrozenBatchNorm2d(out_ch)
+        super().__init__(in_ch, out_ch, kernel, stride, padding, dilation, groups, bias=False)
+        self.norm = FrozenBatchNorm2d(out_ch, eps)
         self.folded: tuple[torch.Tensor, torch.Tensor, tuple] | None = None
         self._cast: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -161,24 +166,43 @@ def _mask(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x if mask is None else x * mask.to(x.dtype)
 
 
-class BottleneckBlock(nn.Module):
-    """1x1 (stride) -> 3x3 (dilation) -> 1x1, each with frozen BN; projection shortcut if needed.
+@dataclass(frozen=True)
+class BlockStyle:
+    """How a bottleneck block is laid out.
 
-    `out_mask`: (N, 1, H', W') valid-area mask at the block's output resolution, or None.
+    groups: groups of its 3x3 conv (ResNeXt's cardinality; 1 for a ResNet).
+    stride_in_3x3: the block's stride sits in the 3x3 (maskrcnn_benchmark's STRIDE_IN_1X1 False)
+        instead of the first 1x1 (Caffe's MSRA layout).
+    eps: its frozen BatchNorms' epsilon (maskrcnn_benchmark's: 0).
     """
 
-    def __init__(self, in_ch: int, mid_ch: int, out_ch: int, stride: int = 1, dilation: int = 1):
+    groups: int = 1
+    stride_in_3x3: bool = False
+    eps: float = 1e-5
+
+
+class BottleneckBlock(nn.Module):
+    """1x1 -> 3x3 (dilation, groups) -> 1x1, each with frozen BN, the stride in the first 1x1 or
+    in the 3x3 (`style`); projection shortcut if needed.
+
+    `conv1_mask`: (N, 1, h, w) valid-area mask at conv1's output resolution (the block's output
+    resolution, or its input's where the 3x3 strides), or None.
+    """
+
+    def __init__(self, in_ch: int, mid_ch: int, out_ch: int, stride: int = 1, dilation: int = 1,
+                 style: BlockStyle = BlockStyle()):
         super().__init__()
         if in_ch != out_ch:
-            self.shortcut = ConvNorm(in_ch, out_ch, 1, stride)
+            self.shortcut = ConvNorm(in_ch, out_ch, 1, stride, eps=style.eps)
         else:
             self.shortcut = None
-        self.conv1 = ConvNorm(in_ch, mid_ch, 1, stride)
-        self.conv2 = ConvNorm(mid_ch, mid_ch, 3, 1, dilation)
-        self.conv3 = ConvNorm(mid_ch, out_ch, 1)
+        stride_1x1, stride_3x3 = (1, stride) if style.stride_in_3x3 else (stride, 1)
+        self.conv1 = ConvNorm(in_ch, mid_ch, 1, stride_1x1, eps=style.eps)
+        self.conv2 = ConvNorm(mid_ch, mid_ch, 3, stride_3x3, dilation, style.groups, style.eps)
+        self.conv3 = ConvNorm(mid_ch, out_ch, 1, eps=style.eps)
 
-    def forward(self, x: torch.Tensor, out_mask: torch.Tensor | None = None) -> torch.Tensor:
-        y = _mask(conv_relu(self.conv1, x), out_mask)
+    def forward(self, x: torch.Tensor, conv1_mask: torch.Tensor | None = None) -> torch.Tensor:
+        y = _mask(conv_relu(self.conv1, x), conv1_mask)
         y = conv_relu(self.conv2, y)
         # Nothing after a bottleneck reads its output through a 3x3 window, so it stays unmasked.
         return conv_add_relu(self.conv3, y, x, self.shortcut)
@@ -190,9 +214,10 @@ class BasicBlock(nn.Module):
     `out_mask`: (N, 1, H', W') valid-area mask at the block's output resolution, or None.
     """
 
-    def __init__(self, in_ch: int, mid_ch: int, out_ch: int, stride: int = 1, dilation: int = 1):
+    def __init__(self, in_ch: int, mid_ch: int, out_ch: int, stride: int = 1, dilation: int = 1,
+                 style: BlockStyle = BlockStyle()):
         super().__init__()
-        del mid_ch
+        del mid_ch, style
         if in_ch != out_ch or stride != 1:
             self.shortcut = ConvNorm(in_ch, out_ch, 1, stride)
         else:
@@ -223,20 +248,25 @@ def make_stage(
     out_ch: int,
     first_stride: int,
     dilation: int = 1,
+    style: BlockStyle = BlockStyle(),
 ) -> Stage:
     block = BottleneckBlock if bottleneck else BasicBlock
     blocks = [
-        block(in_ch if i == 0 else out_ch, mid_ch, out_ch, first_stride if i == 0 else 1, dilation)
+        block(in_ch if i == 0 else out_ch, mid_ch, out_ch, first_stride if i == 0 else 1, dilation,
+              style)
         for i in range(num_blocks)
     ]
     return Stage(*blocks)
 
 
-def stage_channels(depth: int, width: int, stage: int) -> tuple[int, int]:
-    """(inner, output) channels of res{stage} (2..5) for a ResNet of `depth` with stem `width`."""
+def stage_channels(depth: int, width: int, stage: int,
+                   inner_width: int | None = None) -> tuple[int, int]:
+    """(inner, output) channels of res{stage} (2..5) for a ResNet of `depth` with stem `width`;
+    inner_width: res2's inner channels where they are not `width` (ResNeXt's groups x width per
+    group)."""
     factor = 2 ** (stage - 2)
     if depth >= 50:
-        return width * factor, 4 * width * factor
+        return (inner_width or width) * factor, 4 * width * factor
     return width * factor, width * factor
 
 
@@ -244,9 +274,9 @@ class Stem(nn.Module):
     """7x7/2 conv + frozen BN + ReLU, then a 3x3/2 max-pool: Caffe's (padding 0, ceil_mode) or
     torchvision's (padding 1, floor), as `pool` says."""
 
-    def __init__(self, width: int, pool: StemPool = "caffe"):
+    def __init__(self, width: int, pool: StemPool = "caffe", eps: float = 1e-5):
         super().__init__()
-        self.conv1 = ConvNorm(3, width, 7, 2)
+        self.conv1 = ConvNorm(3, width, 7, 2, eps=eps)
         self.pool = pool
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -316,23 +346,27 @@ class ResNetC4(nn.Module):
 
     forward(x: (N, 3, H, W) mean-subtracted BGR pixels, image_sizes: valid (h, w) per image or
     None for an unpadded batch) -> (N, C4, H4, W4) res4 features, zero outside each image's area.
-    stem_pool: the stem's max-pool (Stem).
+    stem_pool: the stem's max-pool (Stem). inner_width, style: a ResNeXt's res2 inner channels
+    and its blocks' layout (stage_channels, BlockStyle).
     """
 
-    def __init__(self, depth: int, width: int, stem_pool: StemPool = "caffe"):
+    def __init__(self, depth: int, width: int, stem_pool: StemPool = "caffe",
+                 inner_width: int | None = None, style: BlockStyle = BlockStyle()):
         super().__init__()
         if depth not in BLOCKS_PER_STAGE:
             raise ValueError(
                 f"unsupported ResNet depth {depth}; choose from {sorted(BLOCKS_PER_STAGE)}"
             )
         bottleneck = depth >= 50
-        self.stem = Stem(width, stem_pool)
+        self.stride_in_3x3 = bottleneck and style.stride_in_3x3
+        self.stem = Stem(width, stem_pool, style.eps)
         in_ch = width
         for stage, num_blocks in zip((2, 3, 4), BLOCKS_PER_STAGE[depth][:3]):
-            mid_ch, out_ch = stage_channels(depth, width, stage)
+            mid_ch, out_ch = stage_channels(depth, width, stage, inner_width)
             stride = 1 if stage == 2 else 2
             self.add_module(
-                f"res{stage}", make_stage(bottleneck, num_blocks, in_ch, mid_ch, out_ch, stride)
+                f"res{stage}",
+                make_stage(bottleneck, num_blocks, in_ch, mid_ch, out_ch, stride, 1, style),
             )
             in_ch = out_ch
 
@@ -346,15 +380,20 @@ class ResNetC4(nn.Module):
         # A pool window may start on the last valid stem row yet lie outside the image's own
         # pool output: zero it, for basic blocks read it with a 3x3 conv.
         x = _mask(self.stem(x, masks["stem"]), masks["res2"])
-        for level in ("res2", "res3", "res4"):
+        for previous, level in (("res2", "res2"), ("res2", "res3"), ("res3", "res4")):
             stage = getattr(self, level)
-            x = stage(x, (masks[level],) * len(stage))
+            # A first block striding in its 3x3 reads conv1's output, at its input's resolution.
+            first = masks[previous] if self.stride_in_3x3 else masks[level]
+            x = stage(x, (first,) + (masks[level],) * (len(stage) - 1))
         # The RPN's 3x3 conv and the RoI max-pool read res4, so its padding must be zero too.
         return _mask(x, masks["res4"])
 
 
-def build_res5_head(depth: int, width: int, dilation: int) -> Stage:
-    """res5 on pooled RoIs: stride 1 everywhere (shortcut included), 3x3 dilated by `dilation`."""
-    mid_ch, out_ch = stage_channels(depth, width, 5)
+def build_res5_head(depth: int, width: int, dilation: int, stride: int = 1,
+                    inner_width: int | None = None, style: BlockStyle = BlockStyle()) -> Stage:
+    """res5 on pooled RoIs: its first block at `stride` (shortcut included; 1 for the BUTD
+    models, 2 for maskrcnn_benchmark's ResNetHead), 3x3 dilated by `dilation`."""
+    mid_ch, out_ch = stage_channels(depth, width, 5, inner_width)
     in_ch = stage_channels(depth, width, 4)[1]
-    return make_stage(depth >= 50, BLOCKS_PER_STAGE[depth][3], in_ch, mid_ch, out_ch, 1, dilation)
+    return make_stage(depth >= 50, BLOCKS_PER_STAGE[depth][3], in_ch, mid_ch, out_ch, stride,
+                      dilation, style)

@@ -136,7 +136,9 @@ def select_dense(
     kept_probs = torch.where(survived, fg_probs.transpose(1, 2)[:, None], 0.0)  # (N, T, C, R)
     everywhere = torch.ones_like(valid[:, 0])
     if cfg.rank == "region":
-        conf = kept_probs.amax(dim=2)  # (N, T, R)
+        conf, kept_class = kept_probs.max(dim=2)  # (N, T, R); the first of equal maxima
+        if cfg.label == "kept":  # one threshold ("adaptive")
+            best_class = kept_class[:, 0]
         eligible = survived.any(dim=2) & (conf >= f32_ceil(cfg.score_thresh))
         known = valid[:, None, :].expand_as(eligible)
         units = _BatchUnits(rows, best_class, conf, eligible, valid, known, _no_ceiling(conf),
@@ -263,12 +265,15 @@ def _pair_units(valid, fg_probs, best_class, boxes_of, cfg, passes) -> _BatchUni
     zeros = torch.zeros(n, count, r, device=fg_probs.device)
     conf = zeros.scatter_reduce(2, index, kept_probs, "amax")
     unseen = valid[..., None] & (fg_probs <= bound[:, None, None])
+    survived = None
     if cfg.saved_boxes == "proposals" and r <= DENSE_UP_TO:  # each class's best RoIs too
         ranks = r if cfg.mode == "fixed" else min(r, TOP_UP_RANKS)
         survived, seen = _class_top_nms(fg_probs, valid, boxes_of, cfg, ranks)
         by_class = fg_probs.transpose(1, 2)[:, None]  # (N, 1, C, R)
         conf = torch.maximum(conf, torch.where(survived, by_class, 0.0).amax(dim=2))
         unseen &= ~seen.transpose(1, 2)
+    if cfg.label == "kept":
+        best_class = _kept_class(conf, kept_probs, index, pair_classes, survived, fg_probs)
     hidden = torch.where(unseen, fg_probs, -1.0).amax(dim=2)  # (N, R): best pair not NMS'd
     known = valid[:, None, :] & (conf > hidden[:, None, :])
     ceiling = torch.where(known | ~valid[:, None, :], -1.0,
@@ -278,6 +283,24 @@ def _pair_units(valid, fg_probs, best_class, boxes_of, cfg, passes) -> _BatchUni
     rows = torch.arange(r, device=valid.device).expand(n, r)
     return _BatchUnits(rows, best_class, conf, eligible, valid, known, ceiling,
                        valid.sum(dim=1), converged, hidden.amax(dim=1) < cut)
+
+
+def _kept_class(conf, kept_probs, index, pair_classes, survived, fg_probs) -> torch.Tensor:
+    """Label "kept" (one threshold): each RoI's first class whose kept pair scores its
+    confidence, from the pairs NMS'd (kept_probs (N, 1, M) at RoIs index, of classes
+    pair_classes (N, M)) and each class's best RoIs (survived (N, 1, C, R) or None); 0 where it
+    kept none (select_regions' argmax of a zero row). (N, R) int64."""
+    n, r, num_classes = fg_probs.shape
+    none = torch.full((n, 1, r), num_classes, dtype=torch.long, device=fg_probs.device)
+    hit = (kept_probs > 0) & (kept_probs == conf.gather(2, index))
+    candidates = torch.where(hit, pair_classes[:, None, :], num_classes)
+    found = none.scatter_reduce(2, index, candidates, "amin")
+    if survived is not None:
+        by_class = fg_probs.transpose(1, 2)[:, None]  # (N, 1, C, R)
+        hit = survived & (by_class > 0) & (by_class == conf[:, :, None, :])
+        classes = torch.arange(num_classes, device=fg_probs.device)[None, None, :, None]
+        found = torch.minimum(found, torch.where(hit, classes, num_classes).amin(dim=2))
+    return torch.where(found == num_classes, 0, found)[:, 0]
 
 
 def _class_nms(fg_probs, valid, boxes_of, cfg, passes) -> tuple[torch.Tensor, torch.Tensor]:

@@ -18,9 +18,14 @@ SavedBoxes = Literal["proposals", "regressed"]
 RankUnit = Literal["region", "detection"]
 ProposalFilter = Literal["caffe", "detectron2"]
 AttrSoftmax = Literal["with_none", "without_none"]
-ResizeMethod = Literal["cv2", "pil", "torch"]
+ResizeMethod = Literal["cv2", "pil", "torch", "maskrcnn"]
 StemPool = Literal["caffe", "torchvision"]
 STEM_POOLS = ("caffe", "torchvision")
+RegionPooler = Literal["roi_pool", "roi_align"]
+REGION_POOLERS = ("roi_pool", "roi_align")
+BoxConvention = Literal["detectron2", "detectron"]
+BOX_CONVENTIONS = ("detectron2", "detectron")
+RegionLabel = Literal["argmax", "kept"]
 
 # ResNet depth -> residual blocks in res2, res3, res4, res5.
 BLOCKS_PER_STAGE: dict[int, tuple[int, int, int, int]] = {
@@ -67,8 +72,24 @@ class DetectorConfig:
         (Caffe's PIXEL_MEANS).
     stem_pool: the stem's 3x3 stride-2 max-pool. "caffe": padding 0, ceil_mode (the BUTD
         models); "torchvision": padding 1, floor (VL-BERT's ResNet, common/backbone/resnet: the
-        CNN its end-to-end files carry). The two shift the pooling grid by one pixel, so every
-        feature after the stem differs.
+        CNN its end-to-end files carry; VinVL's maskrcnn_benchmark BaseStem). The two shift the
+        pooling grid by one pixel, so every feature after the stem differs.
+    groups / width_per_group: ResNeXt's grouped 3x3: res2's bottleneck has groups *
+        width_per_group inner channels (doubling per stage), split in `groups` groups; None
+        means `width` (a plain ResNet, groups 1). VinVL's X152-C4: 32 x 8 (NUM_GROUPS,
+        WIDTH_PER_GROUP); its outputs stay 4 * width * 2^k as a ResNet's (RES2_OUT_CHANNELS 256).
+    stride_in_3x3: a bottleneck's stride sits in its 3x3 conv (maskrcnn_benchmark's
+        STRIDE_IN_1X1 False, the torchvision / ResNeXt layout) instead of its first 1x1 (Caffe).
+    norm_eps: the frozen BatchNorms' epsilon: 1e-5 (detectron2), 0 (maskrcnn_benchmark's
+        FrozenBatchNorm2d scales by running_var.rsqrt() alone).
+    res5_stride: stride of res5's first block on the pooled RoIs: 1 (BUTD, dilated 3x3) or 2
+        (maskrcnn_benchmark's ResNetHead: 14x14 RoIs become 7x7, no dilation).
+    pooler: how RoIs are pooled from res4: "roi_pool" (max, the BUTD models) or "roi_align"
+        (maskrcnn_benchmark's ROIAlign: not aligned, adaptive sampling ratio 0).
+    box_convention: "detectron2": widths x2 - x1, boxes clipped to [0, width]; "detectron":
+        Detectron's "+1" (maskrcnn_benchmark's TO_REMOVE): generate_anchors' rounded integer
+        anchors, widths x2 - x1 + 1 in box decoding, clipping to [0, width - 1], and an RPN
+        proposal kept while its width + 1 >= 0 (remove_small_boxes at MIN_SIZE 0).
     """
 
     depth: int = 101
@@ -90,6 +111,13 @@ class DetectorConfig:
     bbox_reg_weights: tuple[float, float, float, float] = (10.0, 10.0, 5.0, 5.0)
     pixel_mean_bgr: tuple[float, float, float] = (102.9801, 115.9465, 122.7717)
     stem_pool: StemPool = "caffe"
+    groups: int = 1
+    width_per_group: int | None = None
+    stride_in_3x3: bool = False
+    norm_eps: float = 1e-5
+    res5_stride: int = 1
+    pooler: RegionPooler = "roi_pool"
+    box_convention: BoxConvention = "detectron2"
 
     def __post_init__(self):
         if self.depth not in BLOCKS_PER_STAGE:
@@ -100,6 +128,21 @@ class DetectorConfig:
                         "pooler_resolution", "res5_dilation")
         if self.stem_pool not in STEM_POOLS:
             raise ValueError(f"stem_pool = {self.stem_pool!r}: choose one of {STEM_POOLS}")
+        if self.pooler not in REGION_POOLERS:
+            raise ValueError(f"pooler = {self.pooler!r}: choose one of {REGION_POOLERS}")
+        if self.box_convention not in BOX_CONVENTIONS:
+            raise ValueError(
+                f"box_convention = {self.box_convention!r}: choose one of {BOX_CONVENTIONS}")
+        _check_positive(self, "groups", "res5_stride")
+        if self.width_per_group is not None:
+            _check_positive(self, "width_per_group")
+        if self.groups > 1 and not self.bottleneck:
+            raise ValueError(f"groups = {self.groups}: grouped convs need a bottleneck depth")
+
+    @property
+    def inner_width(self) -> int:
+        """Inner channels of res2's bottleneck (its 3x3 conv's), doubled at every stage."""
+        return self.width if self.width_per_group is None else self.groups * self.width_per_group
 
     @property
     def bottleneck(self) -> bool:
@@ -126,7 +169,8 @@ class PreprocessConfig:
     `max_size`. resize: "cv2" resizes float pixels by one scale factor with cv2's bilinear, and
     the longest side is compared after rounding (Caffe's test code); "pil" resizes the uint8 image
     with PIL bilinear, antialiased when shrinking (detectron2's ResizeShortestEdge); "torch"
-    resizes float pixels with torch bilinear (the Hugging Face demo).
+    resizes float pixels with torch bilinear (the Hugging Face demo); "maskrcnn" resizes as "pil"
+    to maskrcnn_benchmark's Resize.get_size (the long side truncated, not rounded: VinVL).
 
     max_pixels / min_side: decoding refuses images with more than `max_pixels` pixels (read from
     the header, before any pixel is decoded; the default is the count at which PIL itself raises
@@ -185,6 +229,16 @@ class SelectionConfig:
         (the Caffe net's attr_prob, hence LXMERT's TSVs); "without_none" normalises over the 400
         real attributes only (both demos), which makes every confidence 1 / (1 - p(no attribute))
         times larger.
+    label: the class a region region-ranked is saved with: "argmax", its best class (Caffe's
+        generate_tsv); "kept", the best class it survived NMS in, whose score is its confidence
+        (VinVL's filter_results_peter: `dists_all.max(1)`).
+    attr_on_label: the attribute head, run after selection, is conditioned on each region's
+        saved class (VinVL's AttrRCNN: the attribute head reads the detections' labels); False:
+        on every RoI's argmax class, background included (the detectron2 port).
+    attr_thresh: a region's best attribute scoring <= this keeps its id with confidence 0
+        (VinVL's POSTPROCESS_ATTRIBUTES_THRESHOLD 0.05; 0 keeps every confidence).
+    features_dtype: the saved features' dtype: "float16" (half the bytes; 2e-4 relative) or
+        "float32" (VinVL's TSVs hold float32).
     """
 
     mode: BoxMode = "adaptive"
@@ -200,9 +254,17 @@ class SelectionConfig:
     rank: RankUnit = "region"
     rpn_filter: ProposalFilter = "caffe"
     attr_softmax: AttrSoftmax = "with_none"
+    label: RegionLabel = "argmax"
+    attr_on_label: bool = False
+    attr_thresh: float = 0.0
+    features_dtype: Literal["float16", "float32"] = "float16"
 
     def __post_init__(self):
         _check_positive(self, "max_boxes", "num_boxes")
+        if self.label == "kept" and (self.rank != "region" or self.class_agnostic
+                                     or self.mode != "adaptive"):
+            raise ValueError('label "kept" needs mode "adaptive", rank "region" and per-class '
+                             'NMS')
         if not 0 <= self.min_boxes <= self.max_boxes:
             raise ValueError(
                 f"min_boxes = {self.min_boxes}: must be between 0 and max_boxes = {self.max_boxes}"
@@ -213,8 +275,9 @@ class SelectionConfig:
 class ExtractorConfig:
     """What decides an extraction's samples: the detector, its preprocessing and box selection.
 
-    preset: the named convention (PRESETS: caffe, lxmert, pb-demo, hf-demo) whose preprocessing
-        and selection are the defaults, recorded in every shard.
+    preset: the named convention (PRESETS: caffe, lxmert, pb-demo, hf-demo, vinvl) whose
+        preprocessing and selection are the defaults (and detector: PRESET_DETECTORS), recorded in
+        every shard.
     save_class_probs: also save each region's class distribution over background and the
         objects (`cls_probs`, background first), which ViLBERT's and VL-BERT's masked-region
         objectives learn from.
@@ -279,13 +342,35 @@ PRESETS: dict[str, tuple[PreprocessConfig, SelectionConfig]] = {
 }
 
 
+# VinVL (microsoft/scene_graph_benchmark, sgg_configs/vgattr/vinvl_x152c4.yaml and the README's
+# extraction command; docs/reference.md gives each value's line): the ResNeXt-152 32x8d C4 of
+# vinvl_vg_x152c4.pth with maskrcnn_benchmark's layers, 1594 objects and 524 attributes.
+VINVL_DETECTOR = DetectorConfig(
+    depth=152, width=64, groups=32, width_per_group=8, stride_in_3x3=True, norm_eps=0.0,
+    stem_pool="torchvision", num_classes=1594, num_attributes=524, rpn_hidden=1024,
+    anchor_sizes=(32, 64, 128, 256, 512), res5_dilation=1, res5_stride=2, pooler="roi_align",
+    box_convention="detectron", pixel_mean_bgr=(103.530, 116.280, 123.675),
+)
+PRESETS["vinvl"] = (
+    PreprocessConfig(resize="maskrcnn"),
+    # NMS_FILTER 1: per-class NMS at 0.3 over all 300 proposals (torchvision's nms), each region
+    # labelled with its best surviving class; SCORE_THRESH 0.2, MIN 10 / DETECTIONS_PER_IMG 100;
+    # IGNORE_BOX_REGRESSION True: the saved box is the proposal.
+    SelectionConfig(mode="adaptive", label="kept", attr_on_label=True, attr_thresh=0.05,
+                    rpn_filter="detectron2", features_dtype="float32"),
+)
+# The detector of a preset whose architecture is not DetectorConfig()'s.
+PRESET_DETECTORS: dict[str, DetectorConfig] = {"vinvl": VINVL_DETECTOR}
+
+
 def preset_config(name: str, detector: DetectorConfig | None = None) -> ExtractorConfig:
     """The ExtractorConfig of a named preset (see PRESETS)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     preprocess, selection = PRESETS[name]
     return ExtractorConfig(
-        detector=detector or DetectorConfig(), preprocess=preprocess, selection=selection, preset=name
+        detector=detector or PRESET_DETECTORS.get(name, DetectorConfig()), preprocess=preprocess,
+        selection=selection, preset=name,
     )
 
 

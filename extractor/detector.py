@@ -24,9 +24,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.ops import nms, roi_pool
+from torchvision.ops import nms, roi_align, roi_pool
 
-from extractor.backbone import ResNetC4, build_res5_head, level_sizes
+from extractor.backbone import BlockStyle, ResNetC4, build_res5_head, level_sizes
 from extractor.config import DetectorConfig
 from extractor.host import fetch, to_device
 from extractor.nms import greedy_passes, overlaps, pairwise_iou
@@ -43,16 +43,19 @@ RPN_NMS_PREFIX_PER_KEPT = 4  # the prefix starts at 4 x rpn_post_nms_topk
 
 
 def apply_deltas(
-    deltas: torch.Tensor, boxes: torch.Tensor, weights: tuple[float, float, float, float]
+    deltas: torch.Tensor, boxes: torch.Tensor, weights: tuple[float, float, float, float],
+    plus_one: bool = False,
 ) -> torch.Tensor:
-    """detectron2's Box2BoxTransform.apply_deltas.
+    """detectron2's Box2BoxTransform.apply_deltas; plus_one: maskrcnn_benchmark's BoxCoder.decode
+    (widths x2 - x1 + 1, and 1 taken off the decoded x2, y2: Detectron's convention).
 
     deltas: (R, 4 * K) (dx, dy, dw, dh) per class; boxes: (R, 4) x1 y1 x2 y2 -> (R, K, 4).
     """
     deltas = deltas.float().view(deltas.shape[0], deltas.shape[1] // 4, 4)
     boxes = boxes.float()
-    widths = (boxes[:, 2] - boxes[:, 0])[:, None]
-    heights = (boxes[:, 3] - boxes[:, 1])[:, None]
+    one = 1.0 if plus_one else 0.0
+    widths = (boxes[:, 2] - boxes[:, 0] + one)[:, None]
+    heights = (boxes[:, 3] - boxes[:, 1] + one)[:, None]
     ctr_x = boxes[:, 0, None] + 0.5 * widths
     ctr_y = boxes[:, 1, None] + 0.5 * heights
     wx, wy, ww, wh = weights
@@ -61,6 +64,11 @@ def apply_deltas(
     dh = (deltas[..., 3] / wh).clamp(max=SCALE_CLAMP)
     pred_ctr_x = dx * widths + ctr_x
     pred_ctr_y = dy * heights + ctr_y
+    if plus_one:  # BoxCoder.decode's own order of operations
+        pred_w = torch.exp(dw) * widths
+        pred_h = torch.exp(dh) * heights
+        return torch.stack((pred_ctr_x - 0.5 * pred_w, pred_ctr_y - 0.5 * pred_h,
+                            pred_ctr_x + 0.5 * pred_w - 1, pred_ctr_y + 0.5 * pred_h - 1), dim=-1)
     half_w = 0.5 * torch.exp(dw) * widths
     half_h = 0.5 * torch.exp(dh) * heights
     return torch.stack(
@@ -96,6 +104,27 @@ def _float32(device: torch.device):
     return contextlib.nullcontext()
 
 
+def detectron_cell_anchors(
+    stride: int, sizes: tuple[int, ...], aspect_ratios: tuple[float, ...]
+) -> torch.Tensor:
+    """(len(ratios) * len(sizes), 4) anchors of Detectron's generate_anchors, ratio-major
+    (maskrcnn_benchmark's rpn/anchor_generator.py): the (0, 0, stride - 1, stride - 1) window
+    reshaped to each ratio with rounded integer sides, then scaled by size / stride, inclusive
+    "+1" corners."""
+    base = float(stride)
+    center = 0.5 * (base - 1)
+    anchors = []
+    for ratio in aspect_ratios:
+        w = np.round(np.sqrt(base * base / ratio))
+        h = np.round(w * ratio)
+        for size in sizes:
+            scale = size / base
+            sw, sh = w * scale, h * scale
+            anchors.append((center - 0.5 * (sw - 1), center - 0.5 * (sh - 1),
+                            center + 0.5 * (sw - 1), center + 0.5 * (sh - 1)))
+    return torch.tensor(np.array(anchors, dtype=np.float64), dtype=torch.float32)
+
+
 def cell_anchors(sizes: tuple[int, ...], aspect_ratios: tuple[float, ...]) -> torch.Tensor:
     """(len(sizes) * len(ratios), 4) anchors centred at 0, size-major (detectron2's order).
 
@@ -128,7 +157,11 @@ class AnchorGenerator(nn.Module):
     def __init__(self, cfg: DetectorConfig):
         super().__init__()
         self.stride = cfg.feature_stride
-        self.cell_anchors = BufferList([cell_anchors(cfg.anchor_sizes, cfg.aspect_ratios)])
+        if cfg.box_convention == "detectron":
+            cell = detectron_cell_anchors(cfg.feature_stride, cfg.anchor_sizes, cfg.aspect_ratios)
+        else:
+            cell = cell_anchors(cfg.anchor_sizes, cfg.aspect_ratios)
+        self.cell_anchors = BufferList([cell])
 
     def grid_anchors(self, height: int, width: int) -> torch.Tensor:
         """(height * width * A, 4) anchors in input pixels, position-major then anchor."""
@@ -199,10 +232,14 @@ class ProposalGenerator(nn.Module):
         n, _, h4, w4 = res4.shape
         num_anchors = cfg.num_anchors
         anchors = self.anchor_generator.grid_anchors(h4, w4)  # (H4*W4*A, 4)
-        boxes = apply_deltas(deltas.reshape(-1, 4), anchors.repeat(n, 1), RPN_BBOX_REG_WEIGHTS)
+        plus_one = cfg.box_convention == "detectron"
+        boxes = apply_deltas(deltas.reshape(-1, 4), anchors.repeat(n, 1), RPN_BBOX_REG_WEIGHTS,
+                             plus_one)
         boxes = boxes.view(n, -1, 4)
 
         sizes = to_device(image_sizes, res4.device, torch.float32)  # (N, 2)
+        if plus_one:  # BoxList.clip_to_image: TO_REMOVE = 1
+            sizes = sizes - 1
         boxes = clip_boxes(boxes, sizes[:, :1], sizes[:, 1:])
         # Only the anchors an image alone would have: those on its own (top-left) part of the grid.
         inside = torch.zeros(n, h4, w4, dtype=torch.bool)
@@ -222,7 +259,10 @@ class ProposalGenerator(nn.Module):
         top_scores, top_idx = scores.topk(k, dim=1)  # (N, k), sorted
         top_boxes = torch.gather(boxes, 1, top_idx[..., None].expand(-1, -1, 4))
         valid = torch.isfinite(top_scores)
-        if min_sizes is None:
+        if plus_one:  # remove_small_boxes at MIN_SIZE 0: widths x2 - x1 + 1 >= 0
+            valid &= ((top_boxes[..., 2] - top_boxes[..., 0] + 1 >= 0)
+                      & (top_boxes[..., 3] - top_boxes[..., 1] + 1 >= 0))
+        elif min_sizes is None:
             valid &= (top_boxes[..., 2] > top_boxes[..., 0]) & (top_boxes[..., 3] > top_boxes[..., 1])
         return self._nms_top(top_boxes, top_scores, valid)
 
@@ -322,18 +362,31 @@ class BoxPredictor(nn.Module):
             box_deltas = self.bbox_pred(features) if box_deltas else None
             # At test time the attribute head is conditioned on the predicted class, background
             # included (the detectron2 port's behaviour).
-            embedded = self.cls_embedding(cls_logits.argmax(dim=1))
-            hidden = F.relu(self.fc_attr(torch.cat((features, embedded), dim=1)))
-            return cls_logits, box_deltas, self.attr_score(hidden)
+            return cls_logits, box_deltas, self.attributes(features, cls_logits.argmax(dim=1))
+
+    def attributes(self, features: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        """Attribute logits (R, A + 1) of features (R, D) conditioned on classes (R,) (our order:
+        object id k, background num_classes)."""
+        with _float32(features.device):
+            embedded = self.cls_embedding(classes)
+            hidden = F.relu(self.fc_attr(torch.cat((features.float(), embedded), dim=1)))
+            return self.attr_score(hidden)
+
+
+def block_style(cfg: DetectorConfig) -> BlockStyle:
+    """The bottleneck layout `cfg` describes."""
+    return BlockStyle(cfg.groups, cfg.stride_in_3x3, cfg.norm_eps)
 
 
 class Res5ROIHeads(nn.Module):
-    """ROIPool (max) on res4 -> res5 (stride 1, dilated) -> spatial mean -> BoxPredictor."""
+    """ROIPool (max) or ROIAlign on res4 -> res5 (stride 1 dilated, or stride 2) -> spatial mean
+    -> BoxPredictor."""
 
     def __init__(self, cfg: DetectorConfig):
         super().__init__()
         self.cfg = cfg
-        self.res5 = build_res5_head(cfg.depth, cfg.width, cfg.res5_dilation)
+        self.res5 = build_res5_head(cfg.depth, cfg.width, cfg.res5_dilation, cfg.res5_stride,
+                                    cfg.inner_width, block_style(cfg))
         self.box_predictor = BoxPredictor(cfg)
 
     def forward(
@@ -350,7 +403,12 @@ class Res5ROIHeads(nn.Module):
         rois = torch.cat((batch_idx, torch.cat(boxes).float()), dim=1)
         size = self.cfg.pooler_resolution
         scale = 1.0 / self.cfg.feature_stride
-        if res4.is_cuda and _channels_last(res4) and not torch.is_grad_enabled():
+        if self.cfg.pooler == "roi_align":
+            # maskrcnn_benchmark's ROIAlign: not aligned, sampling ratio 0 (adaptive), float32.
+            pooled = roi_align(res4.float(), rois, (size, size), scale, 0, aligned=False)
+            layout = torch.channels_last if _channels_last(res4) else torch.contiguous_format
+            pooled = pooled.to(res4.dtype).contiguous(memory_format=layout)
+        elif res4.is_cuda and _channels_last(res4) and not torch.is_grad_enabled():
             from extractor.roi_pool import roi_max_pool  # Triton: loaded where it runs
 
             # The same values as below, pooled in res4's dtype and layout in one pass.
@@ -378,7 +436,8 @@ class BUTDDetector(nn.Module):
     def __init__(self, cfg: DetectorConfig):
         super().__init__()
         self.cfg = cfg
-        self.backbone = ResNetC4(cfg.depth, cfg.width, cfg.stem_pool)
+        self.backbone = ResNetC4(cfg.depth, cfg.width, cfg.stem_pool, cfg.inner_width,
+                                 block_style(cfg))
         self.proposal_generator = ProposalGenerator(cfg)
         self.roi_heads = Res5ROIHeads(cfg)
 
@@ -395,4 +454,5 @@ class BUTDDetector(nn.Module):
 
     def decode_boxes(self, box_deltas: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         """Class-specific regressed boxes (R, num_classes, 4) from RoI deltas and RoIs (R, 4)."""
-        return apply_deltas(box_deltas, boxes, self.cfg.bbox_reg_weights)
+        return apply_deltas(box_deltas, boxes, self.cfg.bbox_reg_weights,
+                            self.cfg.box_convention == "detectron")

@@ -313,12 +313,9 @@ class Extractor:
         valid = to_device(np.arange(most)[None, :] < np.array(counts)[:, None], self.device)
         all_rois = torch.cat(rois).float()
         cls_probs = torch.softmax(head.cls_logits.float(), dim=1)  # (R, C + 1), background last
-        attr_logits = head.attr_logits.float()  # (R, A + 1), "no attribute" last
-        if self.cfg.selection.attr_softmax == "with_none":
-            attr_probs = torch.softmax(attr_logits, dim=1)[:, :-1]
-        else:
-            attr_probs = torch.softmax(attr_logits[:, :-1], dim=1)
-        attr_conf, attr_ids = attr_probs.max(dim=1)
+        attr_conf, attr_ids = self._attributes(head.attr_logits)
+        pending.rows = {"counts": counts, "offsets": offsets, "rois": all_rois,
+                        "cls_probs": cls_probs, "attr_ids": attr_ids, "attr_conf": attr_conf}
 
         if given_boxes is None:
             sizes = to_device([(im.orig_height, im.orig_width) for im in images], self.device,
@@ -343,10 +340,22 @@ class Extractor:
             picked = rows
             object_conf, object_ids = cls_probs[rows][..., :-1].max(dim=2)
             arrays = {"object_ids": object_ids, "object_conf": object_conf}
-        pending.rows = {"counts": counts, "offsets": offsets, "rois": all_rois,
-                        "cls_probs": cls_probs, "attr_ids": attr_ids, "attr_conf": attr_conf}
-        pending.transfer = Transfer(arrays | self._picked(pending, picked))
+        pending.transfer = Transfer(arrays | self._picked(pending, picked, arrays["object_ids"]))
         return pending
+
+    def _attributes(self, attr_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(confidence, id) of the best real attribute of logits (..., A + 1), "no attribute"
+        last, normalised as cfg.selection.attr_softmax says; a confidence <= attr_thresh is 0."""
+        attr_logits = attr_logits.float()
+        if self.cfg.selection.attr_softmax == "with_none":
+            attr_probs = torch.softmax(attr_logits, dim=-1)[..., :-1]
+        else:
+            attr_probs = torch.softmax(attr_logits[..., :-1], dim=-1)
+        attr_conf, attr_ids = attr_probs.max(dim=-1)
+        thresh = self.cfg.selection.attr_thresh
+        if thresh > 0:  # VinVL's AttributePostProcessor: scores > thresh, else 0
+            attr_conf = torch.where(attr_conf > thresh, attr_conf, 0.0)
+        return attr_conf, attr_ids
 
     def _regressed(self, batch: _SelectionInputs, head: RoIHeadOutputs) -> RegressedBoxes | None:
         """The class-specific regressed boxes of chosen (row, class) pairs of `batch`'s images,
@@ -363,11 +372,20 @@ class Extractor:
 
         return regressed
 
-    def _picked(self, pending: PendingBatch, picked: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The per-region arrays of the chosen rows `picked` (N, K) of the batch's RoIs."""
+    def _picked(self, pending: PendingBatch, picked: torch.Tensor,
+                object_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The per-region arrays of the chosen rows `picked` (N, K) (or (K,)) of the batch's RoIs,
+        saved with the classes `object_ids` of the same shape."""
         batch, head = pending.rows, pending.head
-        arrays = {"attr_ids": batch["attr_ids"][picked], "attr_conf": batch["attr_conf"][picked],
-                  "features": head.features.to(torch.float16)[picked]}
+        features = head.features[picked]
+        if self.cfg.selection.attr_on_label:  # the attribute head after selection (VinVL)
+            logits = self.model.roi_heads.box_predictor.attributes(
+                features.reshape(-1, features.shape[-1]), object_ids.reshape(-1))
+            attr_conf, attr_ids = self._attributes(logits.view(*object_ids.shape, -1))
+        else:
+            attr_conf, attr_ids = batch["attr_conf"][picked], batch["attr_ids"][picked]
+        dtype = torch.float32 if self.cfg.selection.features_dtype == "float32" else torch.float16
+        arrays = {"attr_ids": attr_ids, "attr_conf": attr_conf, "features": features.to(dtype)}
         if self.cfg.save_class_probs:
             # Caffe order: background first, so column k + 1 is object id k.
             arrays["cls_probs"] = _background_first(batch["cls_probs"][picked])
@@ -412,7 +430,8 @@ class Extractor:
                            self.selection_passes)
         arrays = {"boxes": sel.boxes, "object_ids": sel.object_ids,
                   "object_conf": sel.object_conf, "counts": sel.counts, "exact": sel.exact}
-        host = fetch(arrays | self._picked(pending, images.rows.gather(1, sel.rows)),
+        host = fetch(arrays | self._picked(pending, images.rows.gather(1, sel.rows),
+                                           sel.object_ids),
                      "regions of the images the batched selection left")
         if not host["exact"].all():
             self.selection_passes += self.selection_passes // 2
@@ -433,7 +452,8 @@ class Extractor:
                              self.cfg.selection)
         arrays = {"boxes": sel.boxes, "object_ids": sel.object_ids,
                   "object_conf": sel.object_conf}
-        arrays |= self._picked(pending, sel.indices.to(self.device) + lo)
+        arrays |= self._picked(pending, sel.indices.to(self.device) + lo,
+                               sel.object_ids.to(self.device))
         return self._regions(im, fetch(arrays, "regions of one image"), selected_by="alone")
 
     def _regions(self, im: PreparedImage, arrays: dict[str, np.ndarray], *,
@@ -466,7 +486,7 @@ def _empty_arrays(cfg: ExtractorConfig, head: RoIHeadOutputs) -> dict[str, np.nd
         "object_conf": np.zeros(0, np.float32),
         "attr_ids": np.zeros(0, np.int64),
         "attr_conf": np.zeros(0, np.float32),
-        "features": np.zeros((0, head.features.shape[1]), np.float16),
+        "features": np.zeros((0, head.features.shape[1]), cfg.selection.features_dtype),
     }
     if cfg.save_class_probs:
         arrays["cls_probs"] = np.zeros((0, head.cls_logits.shape[1]), np.float32)

@@ -286,7 +286,7 @@ def resize_image(
         raise ValueError(f'resize "{cfg.resize}" runs on the host only (see resizes_on_device)')
     image_bgr = np.asarray(image_bgr)
     new_height, new_width = resized_shape(height, width, cfg)
-    if cfg.resize == "pil":
+    if cfg.resize in ("pil", "maskrcnn"):
         resized = Image.fromarray(image_bgr).resize(
             (new_width, new_height), Image.Resampling.BILINEAR
         )
@@ -411,6 +411,8 @@ def resized_shape(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, 
     if cfg.resize == "cv2":
         scale = caffe_scale(height, width, cfg)
         return round(height * scale), round(width * scale)
+    if cfg.resize == "maskrcnn":
+        return _maskrcnn_shape(height, width, cfg)
     scale = cfg.min_size / min(height, width)
     if height < width:
         new_height, new_width = float(cfg.min_size), scale * width
@@ -420,6 +422,20 @@ def resized_shape(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, 
         scale = cfg.max_size / max(new_height, new_width)
         new_height, new_width = new_height * scale, new_width * scale
     return int(new_height + 0.5), int(new_width + 0.5)
+
+
+def _maskrcnn_shape(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:
+    """maskrcnn_benchmark's Resize.get_size: the short side to min_size (or less, rounded, where
+    the long side would pass max_size), the long side in proportion, truncated."""
+    size = cfg.min_size
+    short, long = float(min(height, width)), float(max(height, width))
+    if long / short * size > cfg.max_size:
+        size = round(cfg.max_size * short / long)
+    if min(height, width) == size:
+        return height, width
+    if width < height:
+        return int(size * height / width), size
+    return size, int(size * width / height)
 
 
 def _check_sides(path: str, height: int, width: int, cfg: PreprocessConfig) -> None:

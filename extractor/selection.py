@@ -10,6 +10,8 @@ The conventions (REFERENCE §1, and `SelectionConfig`):
   NMS, best first; an RoI may appear once per class it survived in.
 - Hugging Face `do_nms` (class_agnostic): one NMS over each RoI's best-class regressed box scored
   by its best class score.
+- VinVL's `filter_results_peter` (NMS_FILTER 1) is Caffe's rule with label "kept": an RoI is
+  saved with the best class it survived in, not its argmax.
 "fixed" mode sweeps the NMS thresholds until enough regions qualify and tops up by confidence
 when even the last threshold leaves too few (the demos would return fewer, or fail).
 
@@ -175,9 +177,9 @@ def _units(
         survived = _greedy_nms_per_class(regressed, fg_probs, nms_thresh, plus_one)
     kept_probs = torch.where(survived, fg_probs, 0.0)  # (R, C)
     if cfg.rank == "region":
-        conf = kept_probs.amax(dim=1)
+        conf, kept_class = kept_probs.max(dim=1)  # the first of equal maxima, as VinVL's max(1)
         eligible = survived.any(dim=1) & (conf >= f32_ceil(cfg.score_thresh))
-        return _Units(rows, best_class, conf, eligible)
+        return _Units(rows, kept_class if cfg.label == "kept" else best_class, conf, eligible)
     flat = torch.arange(num_rois * num_classes, device=fg_probs.device)
     eligible = survived.flatten() & (fg_probs.flatten() > float(np.float32(cfg.score_thresh)))
     return _Units(flat // num_classes, flat % num_classes, kept_probs.flatten(), eligible)

@@ -13,6 +13,8 @@ Formats, told apart by content first and file name second:
 - "torch": `torch.save` files such as `unc-nlp/frcnn-vg-finetuned/pytorch_model.bin`, read with
   `torch.load(weights_only=True)`. That port uses BatchNorm2d, whose `num_batches_tracked` we drop.
 - "safetensors": written by `save_detector`, with the DetectorConfig as JSON in its metadata.
+- "vinvl": a torch.save file in maskrcnn_benchmark's names (VinVL's `vinvl_vg_x152c4.pth`, its
+  Checkpointer's {"model": ..., "optimizer", ...}): extractor.vinvl_weights maps it.
 """
 
 from __future__ import annotations
@@ -37,13 +39,14 @@ from torch import nn
 
 from extractor.config import BLOCKS_PER_STAGE, DetectorConfig
 from extractor.errors import WeightsError
+from extractor.vinvl_weights import from_vinvl, is_vinvl_layout, vinvl_fields
 
 try:
     from numpy import _core as _np_core  # numpy >= 2
 except ImportError:
     from numpy import core as _np_core  # numpy 1.x
 
-CheckpointFormat = Literal["d2-pickle", "torch", "safetensors"]
+CheckpointFormat = Literal["d2-pickle", "torch", "safetensors", "vinvl"]
 
 # Present in detectron2 and Hugging Face checkpoints, but derived from the config: loaded only to
 # check that the file's anchor convention is the model's.
@@ -55,6 +58,7 @@ _RENAMES: dict[CheckpointFormat, tuple[tuple[str, str | None], ...]] = {
     "d2-pickle": (),
     "torch": ((".num_batches_tracked", None),),  # BatchNorm2d step counter, unused by frozen BN
     "safetensors": (),
+    "vinvl": (),
 }
 
 _TORCH_SUFFIXES = (".bin", ".pt", ".pth")
@@ -187,6 +191,8 @@ def _read_torch(path: Path) -> dict[str, torch.Tensor]:
                   if isinstance(err, pickle.UnpicklingError)
                   else " ".join(str(err).split()) or type(err).__name__)
         raise WeightsError(f"{path}: not a readable torch.save file ({reason})") from None
+    if isinstance(obj, Mapping) and isinstance(obj.get("model"), Mapping) and is_vinvl_layout(obj):
+        obj = obj["model"]  # VinVL's Checkpointer: {"model": ..., "optimizer", "scheduler", ...}
     if not isinstance(obj, Mapping) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
         found = sorted(obj) if isinstance(obj, Mapping) else type(obj).__name__
         raise WeightsError(f"{path}: expected a flat state dict of tensors, found {found}")
@@ -211,8 +217,11 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[CheckpointFormat, dict[str
     """Read a checkpoint of any format into our tensor names (format renames applied, on CPU)."""
     path = Path(path)
     fmt = detect_format(path)
+    tensors = _READERS[fmt](path)
+    if fmt == "torch" and is_vinvl_layout(tensors):
+        fmt, tensors = "vinvl", from_vinvl(path, tensors)
     renamed = {}
-    for name, tensor in _READERS[fmt](path).items():
+    for name, tensor in tensors.items():
         for suffix, replacement in _RENAMES[fmt]:
             if name.endswith(suffix):
                 name = None if replacement is None else name[: -len(suffix)] + replacement
@@ -261,6 +270,16 @@ def load_detector_weights(model: nn.Module, path: str | os.PathLike) -> WeightsI
     Values are cast to the model's dtypes and copied to its devices.
     """
     fmt, found = read_checkpoint(path)
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and fmt in ("d2-pickle", "torch", "vinvl"):
+        if cfg.box_convention == "detectron" and fmt != "vinvl":
+            raise WeightsError(
+                f"checkpoint {path} ({fmt}) is a bottom-up-attention detector in detectron2's "
+                "names, not VinVL's (maskrcnn_benchmark's, as vinvl_vg_x152c4.pth): extract it "
+                "with --preset caffe, lxmert, pb-demo or hf-demo")
+        if cfg.box_convention != "detectron" and fmt == "vinvl":
+            raise WeightsError(f"checkpoint {path} is VinVL's (maskrcnn_benchmark's names): "
+                               "extract it with --preset vinvl")
     expected = model.state_dict()
     problems = _mismatches(expected, found)
     if problems:
@@ -274,6 +293,18 @@ def load_detector_weights(model: nn.Module, path: str | os.PathLike) -> WeightsI
     merged = {name: found.get(name, t).to(t.dtype) for name, t in expected.items()}
     model.load_state_dict(merged, strict=True)
     return WeightsInfo(format=fmt, sha256=file_sha256(path), num_tensors=len(found))
+
+
+def fit_checkpoint(cfg: DetectorConfig, path: str | os.PathLike) -> DetectorConfig:
+    """`cfg` with the fields a VinVL checkpoint's tensor shapes fix (depth, width, groups, width
+    per group, classes, attributes, head widths: extractor.vinvl_weights.vinvl_fields), so that
+    a smaller ResNeXt of the same layout loads too; `cfg` itself for any other file."""
+    if detect_format(path) != "torch":
+        return cfg
+    fmt, found = read_checkpoint(path)
+    if fmt != "vinvl":
+        return cfg
+    return dataclasses.replace(cfg, **vinvl_fields(found))
 
 
 def _fitting_config(cfg: DetectorConfig | None, found: Mapping[str, torch.Tensor],

@@ -19,7 +19,7 @@ import base64
 import csv
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -165,6 +165,28 @@ def import_tsv(
         raise ValueError(f"features_dtype must be 'float32' or 'float16', not {features_dtype!r}")
     detector = detector or {"name": "butd-caffe", "config_hash": "unknown", "weights_hash": "unknown"}
     params = params if params is not None else {"source": Path(tsv_path).name}
+
+    def to_sample(row: list[str]) -> Sample:
+        return row_to_sample(
+            row, dataset=dataset, split=split, features_dtype=features_dtype,
+            box_mode=box_mode, preset=preset, detector=detector, params=params,
+        )
+
+    return write_rows(read_tsv_rows(tsv_path), out_dir, tsv_path, shard_size, to_sample)
+
+
+def write_rows(
+    rows: Iterable[Any], out_dir: str | os.PathLike, source: str | os.PathLike, shard_size: int,
+    to_sample: Callable[[Any], Sample],
+) -> ImportResult:
+    """Rows of a TSV file `source` made samples by `to_sample`, written to shards
+    `{out_dir}/{index:05d}.tar`, then the manifest.
+
+    Row r (counting from 0) goes to shard r // shard_size, so a restarted import skips shards
+    whose stats exist and rewrites the rest identically. A row `to_sample` refuses (ValueError)
+    is recorded as a failure (`{source}:{row number from 1}` and the reason) in its shard's
+    stats file, not written.
+    """
     result = ImportResult()
     done = completed_shards(out_dir) if Path(out_dir).exists() else set()
     writer: ShardWriter | None = None
@@ -176,7 +198,7 @@ def import_tsv(
         result.shards[writer.name] = stats["count"]
 
     try:
-        for row_number, row in enumerate(read_tsv_rows(tsv_path)):
+        for row_number, row in enumerate(rows):
             result.rows += 1
             name = f"{row_number // shard_size:05d}"
             if name in done:
@@ -187,12 +209,9 @@ def import_tsv(
                     finish(writer)
                 writer = ShardWriter(out_dir, name)
             try:
-                writer.write(row_to_sample(
-                    row, dataset=dataset, split=split, features_dtype=features_dtype,
-                    box_mode=box_mode, preset=preset, detector=detector, params=params,
-                ))
+                writer.write(to_sample(row))
             except ValueError as e:  # SchemaError, bad base64 (binascii.Error), bad int
-                writer.add_failure(f"{tsv_path}:{row_number + 1}", str(e))
+                writer.add_failure(f"{source}:{row_number + 1}", str(e))
     except BaseException:
         if writer is not None:
             writer.abort()

@@ -17,6 +17,10 @@ def test_quick_suite_writes_its_tables_and_numbers(gpu_machine_python, tmp_path,
     assert [(r["batch"], r["precision"]) for r in report["extraction"]] == [(1, "fp32"),
                                                                              (2, "fp32")]
     assert all(r["images_per_s"] > 0 and r["syncs_per_image"] > 0 for r in report["extraction"])
+    vinvl = report["vinvl"]  # --quick: a small ResNeXt of VinVL's layout, batches 1 and 2, fp32
+    assert [(r["preset"], r["batch"], r["precision"]) for r in vinvl] == [
+        ("vinvl", 1, "fp32"), ("vinvl", 2, "fp32")]
+    assert all(r["images_per_s"] > 0 for r in vinvl)
     by_scores = report["by_scores"]  # --quick: batch 2, fp32; each image settled on the device
     assert [(r["preset"], r["scores"]) for r in by_scores] == [
         ("caffe", "sparse"), ("lxmert", "peaked"), ("lxmert", "sparse")]

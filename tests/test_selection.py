@@ -344,7 +344,7 @@ def test_presets_give_their_documented_box_counts():
     # 20 unconfident RoIs: adaptive tops up to min_boxes; fixed region presets return all 20;
     # the detection rank counts (RoI, class) pairs, so pb-demo still fills 36 from 20 x 8 pairs.
     proposals, probs, regressed = random_detections(13, num_rois=20, num_classes=8)
-    expected = {"caffe": 10, "lxmert": 20, "pb-demo": 36, "hf-demo": 20}
+    expected = {"caffe": 10, "lxmert": 20, "pb-demo": 36, "hf-demo": 20, "vinvl": 10}
     for name, (_, cfg) in PRESETS.items():
         assert len(run(proposals, probs * np.float32(0.1), regressed, cfg)) == expected[name], name
 

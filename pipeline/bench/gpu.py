@@ -6,6 +6,8 @@
 2. `pipeline bench extract` of the real R101 at 600/1000 (the caffe preset) with random weights
    whose scores are peaked like a trained detector's, batches 1, 8, 16, 32 in bf16 and fp32
    (`--compile`: one more row, bf16 at batch 32 with the RoI head compiled, run.compile);
+2b. the same for VinVL's X152-C4 (`--preset vinvl`, random weights with peaked scores; fp32
+   features, its selection image by image), batches 1, 8, 16, 32 in bf16 and fp32;
 3. where the detector's time goes: the Extractor alone under torch's profiler, bf16 at batches
    16 and 32 (pipeline/bench/extract_profile.py): each kernel's time per batch and per image, and
    how busy the GPU was;
@@ -107,6 +109,28 @@ def extraction(quick: bool, device: str | None, weights: str,
                             "sets": sets + ["run.compile=true"]}
         ), scaled=weights)
     return rows
+
+
+# VinVL's detector as a ResNeXt-50 4x2d of stem width 16 for --quick (groups need bottlenecks).
+QUICK_VINVL = ["preset=vinvl", "detector.depth=50", "detector.width=16", "detector.groups=4",
+               "detector.width_per_group=2", "detector.rpn_hidden=64",
+               "preprocess.min_size=96", "preprocess.max_size=160"]
+
+
+def vinvl_extraction(quick: bool, device: str | None, scratch: str) -> list[dict]:
+    """The extraction rows of VinVL's X152-C4 (--preset vinvl) at 600/1000 with random weights
+    whose scores are peaked, batches 1, 8, 16, 32 in bf16 and fp32 (--quick: a small ResNeXt,
+    fp32, batches 1 and 2), each row with its "preset"."""
+    sets = QUICK_VINVL if quick else ["preset=vinvl"]
+    job = resolve_job(None, sets, device=device)
+    weights = peaked_bench_weights(job, bench_refs(SAMPLE_IMAGES, 40),
+                                   Path(scratch) / "vinvl_peaked.safetensors")
+    args = argparse.Namespace(
+        weights=None, random_weights=True, scores="peaked", images=None, ray=False, json=None,
+        num_images=4 if quick else 320, batch_sizes="1,2" if quick else "1,8,16,32",
+        precisions="fp32" if quick else "bf16,fp32", device=device, config=None, sets=sets,
+    )
+    return [{"preset": "vinvl"} | row for row in bench_extract(args, scaled=weights)]
 
 
 SCORE_ROWS = (("caffe", "sparse"), ("lxmert", "peaked"), ("lxmert", "sparse"))
@@ -253,6 +277,8 @@ def write_report(report: dict, out: Path) -> str:
         *section(report, "extraction",
                  "## Extraction: real R101 at 600/1000, random weights with peaked scores",
                  format_table),
+        *section(report, "vinvl", "## Extraction: VinVL's X152-C4 at 600/1000 (--preset vinvl), "
+                 "random weights with peaked scores", format_table),
         *section(report, "by_scores", "## Extraction by preset and scores: the top-up below the "
                  "threshold on a few confident RoIs (sparse)", format_by_scores),
         *section(report, "profile", "## Where the detector's time goes (the Extractor alone, "
@@ -297,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         weights = suite_weights(args.quick, args.device, scratch)
         run_part(report, "extraction",
                  lambda: extraction(args.quick, args.device, weights, args.compile))
+        run_part(report, "vinvl", lambda: vinvl_extraction(args.quick, args.device, scratch))
         run_part(report, "by_scores",
                  lambda: extraction_by_scores(args.quick, args.device, weights, scratch))
         run_part(report, "profile", lambda: detector_profiles(args.quick, args.device, weights))

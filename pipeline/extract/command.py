@@ -38,9 +38,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     add_weights_args(parser)
     parser.add_argument(
         "--preset",
-        choices=["caffe", "lxmert", "pb-demo", "hf-demo"],
+        choices=["caffe", "lxmert", "pb-demo", "hf-demo", "vinvl"],
         help="feature convention: caffe (10-100 boxes, default), lxmert (36), pb-demo "
-        "(py-bottom-up-attention demo), hf-demo (Hugging Face frcnn-vg-finetuned demo)",
+        "(py-bottom-up-attention demo), hf-demo (Hugging Face frcnn-vg-finetuned demo), vinvl "
+        "(VinVL's X152-C4, vinvl_vg_x152c4.pth: 10-100 boxes, float32 features)",
     )
     parser.add_argument(
         "--boxes",

@@ -11,7 +11,7 @@ from typing import Literal
 
 import numpy as np
 
-from extractor.config import PRESETS, ExtractorConfig
+from extractor.config import PRESET_DETECTORS, PRESETS, DetectorConfig, ExtractorConfig
 from pipeline.common.config import (
     ConfigError,
     check_positive,
@@ -80,7 +80,8 @@ class OutputConfig:
 class ExtractJobConfig(ExtractorConfig):
     """An extraction run: the extractor's own config plus how to run it and where to write.
 
-    preset: the named convention (caffe, lxmert, pb-demo, hf-demo: extractor/config.py PRESETS)
+    preset: the named convention (caffe, lxmert, pb-demo, hf-demo, vinvl: extractor/config.py
+        PRESETS)
         whose preprocessing and selection are the defaults that --config and --set change;
         recorded in every shard.
     save_class_probs: also save each region's class distribution over background and the
@@ -123,7 +124,8 @@ def resolve_job(
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
     preprocess, selection = PRESETS[preset]
-    base = ExtractJobConfig(preprocess=preprocess, selection=selection, preset=preset)
+    base = ExtractJobConfig(detector=PRESET_DETECTORS.get(preset, DetectorConfig()),
+                            preprocess=preprocess, selection=selection, preset=preset)
     job = resolve(base, config, sets)
     job = dataclasses.replace(job, preset=preset)
     if boxes is not None:

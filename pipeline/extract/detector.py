@@ -11,7 +11,7 @@ import extractor
 from extractor.config import DetectorConfig
 from extractor.detector import BUTDDetector
 from extractor.extractor import Extractor
-from extractor.weights import detect_format, weights_hash
+from extractor.weights import detect_format, fit_checkpoint, weights_hash
 from model.checkpoints import vlbert
 from model.checkpoints.common import read_released
 from pipeline.common.config import ConfigError
@@ -24,7 +24,10 @@ def load_detector(job: ExtractJobConfig, weights: str | None) -> BUTDDetector:
     does not fit), or, for None, random weights drawn from `run.seed` (extractor.build_detector)."""
     if weights and not Path(weights).is_file():
         raise ConfigError(f"weights file {weights} does not exist")
-    return extractor.build_detector(job.detector, weights or None, job.run.seed)
+    detector = job.detector
+    if weights and detector.box_convention == "detectron":  # VinVL: the file's shape decides
+        detector = fit_checkpoint(detector, weights)
+    return extractor.build_detector(detector, weights or None, job.run.seed)
 
 
 def load_extraction_detector(config: str | None, weights: str) -> tuple[BUTDDetector,

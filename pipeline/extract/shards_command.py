@@ -1,5 +1,6 @@
-"""`pipeline shards verify | import-tsv | export-tsv`: check shard sets, and move features between
-shards and LXMERT-style TSV files (shards/verify.py, shards/tsv.py do the work)."""
+"""`pipeline shards verify | import-tsv | export-tsv | import-vinvl-tsv | export-vinvl-tsv`: check
+shard sets, and move features between shards and LXMERT-style TSV files or the TSVs OSCAR / VinVL
+read (shards/verify.py, shards/tsv.py, shards/vinvl_tsv.py do the work)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,27 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     exp.add_argument("dir", help="shard directory")
     exp.add_argument("--out", required=True, help="output TSV file")
+    vexp = actions.add(
+        "export-vinvl-tsv", "write shards as the feature, label and hw TSVs OSCAR / VinVL read",
+        "Write every sample of a shard set as OSCAR's feature TSV (2048 + 6 box values a row), "
+        "label TSV (rect, class, conf, attributes) and hw TSV: PREFIX.feature.tsv, "
+        "PREFIX.label.tsv, PREFIX.hw.tsv (shards/vinvl_tsv.py).",
+    )
+    vexp.add_argument("dir", help="shard directory")
+    vexp.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix")
+    vexp.add_argument("--labelmap", required=True, metavar="FILE",
+                      help="the label map naming the ids: VG-SGG-dicts-vgoi6-clipped.json")
+    vimp = actions.add(
+        "import-vinvl-tsv", "convert OSCAR / VinVL feature, label and hw TSVs into shards",
+        "Read PREFIX.feature.tsv, PREFIX.label.tsv and PREFIX.hw.tsv (as export-vinvl-tsv "
+        "writes them) into schema-v1 shards, losslessly.",
+    )
+    vimp.add_argument("prefix", help="path prefix of the three TSVs")
+    vimp.add_argument("--out", required=True, help="output shard directory")
+    vimp.add_argument("--labelmap", required=True, metavar="FILE",
+                      help="the label map naming the ids: VG-SGG-dicts-vgoi6-clipped.json")
+    vimp.add_argument("--dataset", required=True, help="dataset name recorded in the keys")
+    vimp.add_argument("--split", default="", help="split recorded in the metadata")
 
 
 def config(args: argparse.Namespace) -> ImportConfig:
@@ -59,7 +81,9 @@ def config(args: argparse.Namespace) -> ImportConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"verify": _verify, "import-tsv": _import, "export-tsv": _export}[args.shards_verb](args)
+    return {"verify": _verify, "import-tsv": _import, "export-tsv": _export,
+            "export-vinvl-tsv": _export_vinvl, "import-vinvl-tsv": _import_vinvl,
+            }[args.shards_verb](args)
 
 
 def _verify(args: argparse.Namespace) -> int:
@@ -93,6 +117,35 @@ def _import(args: argparse.Namespace) -> int:
     )
     print(
         f"{args.tsv} -> {args.out}: {result.rows} rows, {result.written} samples written, "
+        f"{result.failed} failed, {result.skipped} already done, {len(result.shards)} shard(s)"
+    )
+    return 1 if result.failed else 0
+
+
+def _labelmap(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from extractor.labels import labelmap_names
+
+    try:
+        return labelmap_names(path)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _export_vinvl(args: argparse.Namespace) -> int:
+    from shards.vinvl_tsv import export_vinvl_tsv
+
+    count = export_vinvl_tsv(args.dir, args.out, *_labelmap(args.labelmap))
+    print(f"{args.dir} -> {args.out}.{{feature,label,hw}}.tsv: {count} rows")
+    return 0
+
+
+def _import_vinvl(args: argparse.Namespace) -> int:
+    from shards.vinvl_tsv import import_vinvl_tsv
+
+    result = import_vinvl_tsv(args.prefix, args.out, *_labelmap(args.labelmap),
+                              dataset=args.dataset, split=args.split)
+    print(
+        f"{args.prefix} -> {args.out}: {result.rows} rows, {result.written} samples written, "
         f"{result.failed} failed, {result.skipped} already done, {len(result.shards)} shard(s)"
     )
     return 1 if result.failed else 0

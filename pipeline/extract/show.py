@@ -136,8 +136,10 @@ def sample_image(sample: Sample, shards_dir: Path, root: str | None) -> tuple[by
         raise ShowError(f"cannot read {ref.location}: {err}") from err
 
 
-def show_sample(shards_dir: Path, key: str, out: Path, root: str | None, cfg: ShowConfig) -> str:
-    """Draw sample `key` on its image and save it to `out`; returns the line to print."""
+def show_sample(shards_dir: Path, key: str, out: Path, root: str | None, cfg: ShowConfig,
+                names: tuple[tuple[str, ...], tuple[str, ...]] | None = None) -> str:
+    """Draw sample `key` on its image and save it to `out`; returns the line to print. names:
+    (objects, attributes) of the ids, where not Visual Genome's 1600 / 400 (VinVL's label map)."""
     if cfg.max_boxes < 0:
         raise ShowError(f"max_boxes must be at least 0, got {cfg.max_boxes}")
     sample = load_sample(shards_dir, key)
@@ -155,7 +157,7 @@ def show_sample(shards_dir: Path, key: str, out: Path, root: str | None, cfg: Sh
             f"{width}x{height} image: not the same image, so its boxes would not line up"
         )
     order = select_regions(sample.arrays["object_conf"], cfg.max_boxes, cfg.min_conf)
-    drawn = drawing.draw_labelled(image, sample.arrays, order, cfg.min_attr_conf)
+    drawn = drawing.draw_labelled(image, sample.arrays, order, cfg.min_attr_conf, names)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         drawn.save(out)

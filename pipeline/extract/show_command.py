@@ -46,6 +46,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         metavar="X",
         help="leave out boxes with object confidence below X (default: 0)",
     )
+    parser.add_argument(
+        "--labelmap", metavar="FILE", help="the label map naming the ids of shards extracted "
+        "with --preset vinvl: VinVL's VG-SGG-dicts-vgoi6-clipped.json"
+    )
     add_config_args(parser, "max_boxes=10")
 
 
@@ -63,7 +67,15 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = config(args)
     try:
-        print(show_sample(Path(args.shards), args.key, Path(args.out), args.root, cfg))
+        names = None
+        if args.labelmap:
+            from extractor.labels import labelmap_names
+
+            try:
+                names = labelmap_names(args.labelmap)
+            except ValueError as err:
+                raise ShowError(str(err)) from None
+        print(show_sample(Path(args.shards), args.key, Path(args.out), args.root, cfg, names))
     except ShowError as err:
         print(f"pipeline show: {err}", file=sys.stderr)
         return 2

@@ -116,7 +116,7 @@ def ship_pixels(items: list[Prepared], preprocess: PreprocessConfig, pin: bool) 
             if pin:
                 image.pin()
             continue
-        if preprocess.resize == "pil":
+        if preprocess.resize in ("pil", "maskrcnn"):
             image.pixels = image.pixels.to(torch.uint8)
         if pin:
             image.pixels = image.pixels.pin_memory()
