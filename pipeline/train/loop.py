@@ -32,6 +32,7 @@ from model.compile import compile_layers
 from pipeline.common.config import ConfigError, to_dict
 from pipeline.common.progress import progress_bar
 from pipeline.common.ray_session import say
+from pipeline.train import coordination
 from pipeline.train.checkpoint import (CHECKPOINTS, checkpoint_dirs, latest_checkpoint,
                                        load_state, save_checkpoint)
 from pipeline.train.batch import TrainBatch
@@ -45,7 +46,7 @@ from pipeline.train.step import TrainStep
 from pipeline.train.logs import RunLog, truncate_metrics
 from pipeline.train.plot import plot_run
 from pipeline.train.remote import pull, push, working_copy
-from pipeline.train.stop import StopRequest, relayed, stopped_message
+from pipeline.train.stop import StopRequest, stopped_message
 from shards.storage import as_path, is_url
 
 
@@ -492,6 +493,12 @@ def train_loop(loop_config: dict) -> dict[str, float]:
     as is in one process.
     """
     rank, world = _rank_world()
+    ray_run = loop_config.get("ray_run")  # under Ray: the run's id (train.coordination)
+    resume = loop_config.get("resume", False)
+    if ray_run is not None and coordination.is_restart(ray_run, rank):
+        resume = True  # a worker group restarted after a failure (run.max_failures)
+        if rank == 0:
+            say("the worker group was restarted: resuming from the latest checkpoint")
     if rank == 0 and "launched" in loop_config:
         took = time.time() - loop_config["launched"]
         say(f"{world} training worker(s) up in {took:.0f} s")
@@ -503,10 +510,10 @@ def train_loop(loop_config: dict) -> dict[str, float]:
         run_dir, mirror = loop_config["run_dir"], None
         if is_url(run_dir):
             mirror, run_dir = run_dir, working_copy(run_dir, rank)
-            if loop_config.get("resume"):
+            if resume:
                 pull(mirror, run_dir, metrics=rank == 0)
         trainer = Trainer(job, Path(run_dir), rank=rank, world=world, mirror=mirror)
-        if loop_config.get("resume"):
+        if resume:
             trainer.resume()
         if trainer.rank == 0:
             trainer.run_dir.mkdir(parents=True, exist_ok=True)
@@ -514,17 +521,19 @@ def train_loop(loop_config: dict) -> dict[str, float]:
             (trainer.run_dir / "config.yaml").write_text(resolved)
             for name, text in job.files.items():
                 (trainer.run_dir / name).write_text(text)
-        if "stop_key" not in loop_config:  # this process takes the signals (stop.py)
+        if ray_run is None:  # this process takes the signals (stop.py)
             request = StopRequest(job.config.run.stop_grace_s,
                                   lambda: last_whole(mirror or trainer.run_dir))
             with request:
                 trainer.stop_signal = lambda: request.signum
                 return trainer.fit()
         if rank == 0:  # under Ray the driver takes them, and tells rank 0
-            trainer.stop_signal = relayed(loop_config["stop_key"])
+            trainer.stop_signal = coordination.stop_signal(ray_run)
         try:
             return trainer.fit()
         except Stopped:  # the checkpoint is written: the driver says so
+            if rank == 0:
+                coordination.tell_stopped(ray_run, trainer.position.step)
             return {}
     finally:
         torch.set_num_threads(caller_threads)

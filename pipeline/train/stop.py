@@ -12,10 +12,11 @@ and its checkpoint are not done by then, the process says so and exits at once, 
 status; the checkpoint it was writing is a `.tmp` directory that no resume reads, and the last
 whole one is kept.
 
-On Ray Train workers the command (the driver) takes the signal and tells the workers through
-Ray's key-value store; rank 0 looks there at most once a second, and after every step the ranks
-agree on it (an all-reduce of one number, on the CPU), so that all of them stop after the same
-step and rank 0 writes its checkpoint.
+On Ray Train workers the command (the driver) takes the signal and tells the workers
+(pipeline/train/coordination.py); rank 0 looks at most once a second, and after every step the
+ranks agree on it (an all-reduce of one number, on the CPU), so that all of them stop after the
+same step and rank 0 writes its checkpoint. There the driver takes SIGTERM only: a terminal's
+Ctrl-C reaches Ray's processes too, and the run ends at once as before (exit 130).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 
 NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT"}
@@ -33,19 +33,21 @@ RESUME = "run the same command with --resume to continue from it"
 
 class StopRequest:
     """The stop signal of a run, taken in this process: a context manager that installs the
-    handlers (in the main thread; elsewhere it only holds `signum`). last_whole(): the checkpoint
-    a resume would read, in words (said when the grace runs out)."""
+    handlers of `signals` (in the main thread; elsewhere it only holds `signum`). last_whole():
+    the checkpoint a resume would read, in words (said when the grace runs out)."""
 
-    def __init__(self, grace_s: float, last_whole: Callable[[], str]) -> None:
+    def __init__(self, grace_s: float, last_whole: Callable[[], str],
+                 signals: tuple[int, ...] = tuple(NAMES)) -> None:
         self.grace_s = grace_s
         self.last_whole = last_whole
+        self.signals = signals
         self.signum = 0  # the signal taken; 0: none
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            for signum in NAMES:
+            for signum in self.signals:
                 self._previous[signum] = signal.signal(signum, self.note)
         return self
 
@@ -82,33 +84,3 @@ class StopRequest:
 def stopped_message(signum: int, step: int, checkpoint: str) -> str:
     return (f"stopped by {NAMES[signum]} after step {step}: checkpoint {checkpoint} written; "
             f"{RESUME}")
-
-
-def relay_key(run_id: str) -> str:
-    """The key in Ray's key-value store under which the driver leaves the signal it took."""
-    return f"vlpipe-stop-{run_id}"
-
-
-def relay(key: str, signum: int) -> None:
-    """Tell the run's workers (the driver's side)."""
-    from ray.experimental import internal_kv
-
-    internal_kv._internal_kv_put(key, str(signum).encode(), overwrite=True)
-
-
-def relayed(key: str, every_s: float = 1.0) -> Callable[[], int]:
-    """The worker's side: a function that returns the driver's signal (0: none), looked up at
-    most once every `every_s` seconds (a call costs a round trip to Ray's head)."""
-    from ray.experimental import internal_kv
-
-    state = {"checked": 0.0, "signum": 0}
-
-    def signum() -> int:
-        now = time.monotonic()
-        if not state["signum"] and now - state["checked"] >= every_s:
-            state["checked"] = now
-            value = internal_kv._internal_kv_get(key)
-            state["signum"] = int(value) if value else 0
-        return state["signum"]
-
-    return signum
