@@ -194,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeline: {kind}: {err}", file=sys.stderr)
         return 2
     except OSError as err:
+        if err.errno == errno.ENOSPC:  # nothing torn is kept (shards, checkpoints, metrics)
+            hint = getattr(VERBS[args.verb], "ON_INTERRUPT", "")
+            print(f"pipeline: no space left on device: {err.filename}; free some"
+                  f"{', then ' + hint if hint else ''}", file=sys.stderr)
+            return 2
         if err.errno in DENIED:
             where = f"{err.filename}: {err.strerror}" if err.filename else err  # pyarrow's has none
             print(f"pipeline: file error: {where}", file=sys.stderr)

@@ -17,9 +17,12 @@ access denied) is said in words (`explain`), and found at once for the URLs a co
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 from urllib.parse import urlsplit
@@ -31,6 +34,9 @@ Location = Union[Path, "UPath"]
 
 # The short probe of check_reachable: botocore would otherwise retry a dead endpoint for a minute.
 _PROBE = {"connect_timeout": 5, "read_timeout": 15, "retries": {"max_attempts": 1}}
+
+
+NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
 class StorageError(ValueError):
@@ -83,6 +89,35 @@ def check_reachable(url: str) -> None:
         raise StorageError(f"{url}: {cause}") from err
 
 
+@contextmanager
+def naming(path: str | os.PathLike | UPath) -> Iterator[None]:
+    """Errors of writing `path` raised as OSErrors that name it: a write's or a flush's OSError
+    names no file (a full disk's ENOSPC), and a library may raise its own error instead, which
+    says "No space left on device" in its message (safetensors') or was raised while handling
+    the OSError (torch.save's)."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from err
+    except Exception as err:
+        if not _no_space(err):
+            raise
+        raise OSError(errno.ENOSPC, NO_SPACE, str(path)) from err
+
+
+def _no_space(err: BaseException | None) -> bool:
+    """Whether `err`, or an error it was raised from or while handling, is a full disk's."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if NO_SPACE in str(err) or getattr(err, "errno", None) == errno.ENOSPC:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def is_url(value: str | os.PathLike | UPath) -> bool:
     """Whether `value` names an object in an fsspec filesystem ("scheme://...")."""
     return "://" in str(value)
@@ -130,7 +165,7 @@ def write_atomic(path: str | os.PathLike | UPath, data: bytes) -> None:
     final = as_path(path)
     staged = staging_file(final)
     try:
-        with open(staged, "wb") as f:
+        with naming(staged), open(staged, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

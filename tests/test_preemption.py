@@ -14,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from pipeline.cli import main
 from pipeline.train.checkpoint import checkpoint_dirs, load_state
@@ -107,6 +109,7 @@ checkpoint.save_ours = slow
 """
 
 
+@pytest.mark.slow
 def test_a_checkpoint_not_written_within_the_grace_keeps_the_last_whole_one(
         pretrain_world, uninterrupted, tmp_path):
     out = tmp_path / "run"
@@ -127,3 +130,48 @@ def test_a_checkpoint_not_written_within_the_grace_keeps_the_last_whole_one(
 
     assert main([*argv(pretrain_world, out, *sets), "--resume"]) == 0
     assert read_metrics(out) == _without_rates(read_metrics(uninterrupted), read_metrics(out))
+
+
+def test_extraction_stopped_by_sigterm_keeps_only_whole_shards_and_resumes_to_the_same_bytes(
+        tmp_path):
+    """`pipeline extract` SIGTERMed after its second shard: exit 143, the line, each kept shard
+    whole (its stats file written), no temporary file; the same command then writes the shards
+    an uninterrupted extraction writes, byte for byte."""
+    from test_extract_cli import TINY
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(18):
+        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+            photos / f"{i:02d}.png")
+
+    def extract(out: Path) -> list[str]:
+        return ["extract", "--dataset", "folder", "--root", str(photos), "--out", str(out),
+                *TINY, "--random-weights"]
+
+    whole = tmp_path / "whole"
+    assert main(extract(whole)) == 0
+    out = tmp_path / "stopped"
+    process = start(extract(out))
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("*_stats.json"))) < 2 and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err
+    assert err.rstrip("\n").split("\n")[-1] == (
+        "pipeline: stopped by SIGTERM; run the same command again to resume: finished shards are "
+        "kept"), err
+    tars = sorted(p.name for p in out.glob("*.tar"))
+    assert 2 <= len(tars) < 6
+    assert tars == sorted(p.name.replace("_stats.json", ".tar") for p in out.glob("*_stats.json"))
+    assert not list(out.glob(".*.tmp"))
+    for name in tars:
+        assert (out / name).read_bytes() == (whole / name).read_bytes()
+
+    assert main(extract(out)) == 0
+    assert sorted(p.name for p in out.glob("*.tar")) == sorted(p.name for p in whole.glob("*.tar"))
+    for tar in whole.glob("*.tar"):
+        assert (out / tar.name).read_bytes() == tar.read_bytes()

@@ -10,7 +10,6 @@ Slow (three runs, each starting a local Ray): opt in with `-m slow`.
 """
 
 import signal
-import time
 from pathlib import Path
 
 import psutil
@@ -18,8 +17,8 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.train.checkpoint import checkpoint_dirs, load_state
-from test_preemption import _without_rates, argv, signal_after, start
 from pipeline.train.logs import read_metrics
+from test_preemption import _without_rates, argv, signal_after, start
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

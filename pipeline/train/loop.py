@@ -16,6 +16,7 @@ run repeats the uninterrupted one's losses.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Callable, Iterator
@@ -363,14 +364,17 @@ class Trainer:
                     if every:
                         self.validate()
                     self._save()
-                    if self.log is not None:
-                        self.log.close()
                     where = f"{self.mirror or self.run_dir}/{CHECKPOINTS}/step_{step:08d}"
                     raise Stopped(stopped_message(stop, step, where), 128 + stop)
                 if every and step != self.total_steps:
                     self.validate()
                 if save:
                     self._save()
+        except BaseException:  # a stop, an error: the records so far are complete
+            if self.log is not None:
+                with contextlib.suppress(OSError):  # a full disk's error is the one raised
+                    self.log.close()
+            raise
         finally:
             bar.close()
         last_val = self.validate()
