@@ -11,12 +11,10 @@ the faults each run met. Slow (a run of each stage per fault): opt in with `-m s
 
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
-from upath import UPath
 
 from faulty_proxy import FaultyProxy
 from pipeline.cli import main
