@@ -34,6 +34,13 @@ Location = Union[Path, "UPath"]
 
 # The short probe of check_reachable: botocore would otherwise retry a dead endpoint for a minute.
 _PROBE = {"connect_timeout": 5, "read_timeout": 15, "retries": {"max_attempts": 1}}
+# The retries of every other S3 request, unless AWS_RETRY_MODE or AWS_MAX_ATTEMPTS (botocore's own
+# settings) say otherwise: botocore's "standard" mode retries throttling (503 SlowDown), 5xx answers
+# and dropped connections with exponential backoff and jitter, 1 s doubling up to 20 s; 10
+# attempts ride out about a minute of a store's trouble. Botocore's default (legacy, 5 attempts)
+# gave up on a HEAD request (an `exists`) after 8 s of 503s; s3fs retries GET and PUT 5 more times
+# on top, but a HEAD's 503 has no body that says SlowDown. docs/reliability.md
+RETRIES = {"mode": "standard", "max_attempts": 10}
 
 
 NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
@@ -129,9 +136,22 @@ def as_path(value: str | os.PathLike | UPath) -> Location:
         return value
     if not is_url(value):
         return Path(value)
+    _retry_policy()
     from upath import UPath
 
     return value if isinstance(value, UPath) else UPath(str(value))
+
+
+def _retry_policy() -> None:
+    """RETRIES for the S3 filesystems fsspec makes from now on in this process (each process
+    that reads or writes a URL passes here: the command, its Ray workers), unless the user set
+    botocore's own variables."""
+    if "AWS_RETRY_MODE" in os.environ or "AWS_MAX_ATTEMPTS" in os.environ:
+        return
+    import fsspec.config
+
+    s3 = fsspec.config.conf.setdefault("s3", {})
+    s3.setdefault("config_kwargs", {}).setdefault("retries", dict(RETRIES))
 
 
 def staging_file(final: Location) -> Path:

@@ -1,5 +1,5 @@
 """A fault-injecting HTTP proxy for the tests, in front of the local S3 server (tests/s3_server.py):
-every `every`-th request it answers 503 SlowDown (S3's "reduce your request rate"), or forwards
+every `every`-th request (the first `limit` of them: a burst, with every=1) it answers 503 SlowDown (S3's "reduce your request rate"), or forwards
 and then cuts the connection in the middle of the answer's body (a reset: the socket closed with
 SO_LINGER 0), as a loaded object store or its load balancer does. All other requests pass
 through unchanged. `faults` counts the faults injected."""
@@ -20,9 +20,10 @@ SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Co
 class FaultyProxy:
     """Listens on 127.0.0.1 (its `url`), forwards to `upstream` (http://host:port)."""
 
-    def __init__(self, upstream: str, every: int, fault: str) -> None:
+    def __init__(self, upstream: str, every: int, fault: str, limit: int | None = None) -> None:
         assert fault in ("503", "reset")
         self.upstream, self.every, self.fault = urlsplit(upstream), every, fault
+        self.limit = limit
         self.requests = self.faults = 0
         self.lock = threading.Lock()
         proxy = self
@@ -37,7 +38,8 @@ class FaultyProxy:
                 body = self._request_body()
                 with proxy.lock:
                     proxy.requests += 1
-                    faulty = proxy.requests % proxy.every == 0
+                    faulty = (proxy.requests % proxy.every == 0
+                              and (proxy.limit is None or proxy.faults < proxy.limit))
                     proxy.faults += faulty
                 if faulty and proxy.fault == "503":
                     self.send_response(503)

@@ -7,14 +7,19 @@ step. (A dead endpoint at start-up is still one line at once: tests/test_object_
 
 These pass on the code before docs/reliability.md too: botocore's and s3fs's retries already ride
 out such faults (the start-up probe alone makes a single attempt). They guard that, and count
-the faults each run met. Slow (a run of each stage per fault): opt in with `-m slow`."""
+the faults each run met. Slow (a run of each stage per fault): opt in with `-m slow`. What was
+not ridden out, a HEAD request's burst of 503s, is ridden out by the retry policy (RETRIES in
+shards/storage.py), tested below."""
 
+import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from PIL import Image
+from upath import UPath
 
 from faulty_proxy import FaultyProxy
 from pipeline.cli import main
@@ -22,12 +27,11 @@ from pipeline.train.logs import read_metrics
 from test_object_storage_runs import shard_stats, stored, upload_tree
 from test_preemption import CONFIG, ROOT
 
-pytestmark = pytest.mark.slow
-
 EVERY = 7
 
 
-@pytest.fixture(params=["503", "reset"])
+@pytest.fixture(params=[pytest.param("503", marks=pytest.mark.slow),
+                        pytest.param("reset", marks=pytest.mark.slow)])
 def flaky(s3, request):
     """(the proxy, the environment of a command that talks to the store through it)."""
     proxy = FaultyProxy(s3.url, EVERY, request.param)
@@ -103,3 +107,40 @@ def test_pretraining_from_s3_shards_into_an_s3_run(flaky, pretrain_world, bucket
     for name in ("state.pt", "model/model.safetensors"):
         assert (stored(f"{run}/checkpoints/step_{12:08d}") / name).read_bytes() == \
             (local / "checkpoints" / f"step_{12:08d}" / name).read_bytes()
+
+
+POLICY = """
+import json, os
+from shards.storage import as_path
+print(json.dumps(as_path("s3://bucket/key").fs.config_kwargs.get("retries")))
+"""
+
+
+@pytest.mark.parametrize("variables, retries", [
+    ({}, {"mode": "standard", "max_attempts": 10}),
+    ({"AWS_MAX_ATTEMPTS": "3"}, None),  # botocore's own setting, read by botocore itself
+])
+def test_the_retry_policy_is_standard_with_10_attempts_unless_the_user_sets_it(
+        variables, retries):
+    env = {k: v for k, v in os.environ.items() if k not in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")}
+    done = subprocess.run([sys.executable, "-c", POLICY], env={**env, **variables,
+                          "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == retries
+
+
+@pytest.mark.slow  # botocore's backoff: about 30 s
+def test_a_burst_of_six_503s_on_a_head_request_is_ridden_out(s3, bucket):
+    """Six 503s in a row answer an `exists` (a HEAD: its 503 has no body saying SlowDown, so
+    s3fs does not retry it itself): botocore's default 5 attempts gave up, the policy's 10 do
+    not."""
+    (UPath(bucket) / "key").write_bytes(b"x")
+    proxy = FaultyProxy(s3.url, 1, "503", limit=6)
+    try:
+        code = f"from shards.storage import as_path; print(as_path('{bucket}/key').exists())"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**s3.env, "AWS_ENDPOINT_URL": proxy.url,
+                                   "PYTHONPATH": str(ROOT)}, timeout=300)
+    finally:
+        proxy.close()
+    assert done.stdout.strip() == "True", done.stderr[-2000:]
+    assert (proxy.faults, proxy.requests) == (6, 7)
