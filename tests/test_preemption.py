@@ -70,7 +70,8 @@ def uninterrupted(pretrain_world, tmp_path_factory) -> Path:
 def test_a_signal_checkpoints_the_step_in_flight_and_the_resume_is_exact(
         pretrain_world, uninterrupted, tmp_path, signum, status):
     out = tmp_path / "run"
-    process = start(argv(pretrain_world, out))
+    command = [*argv(pretrain_world, out), "--resume", "auto"]  # a scheduler's: run, or resume
+    process = start(command)
     logged = signal_after(process, out, 3, signum)
     _, err = process.communicate(timeout=120)
     assert process.returncode == status, err
@@ -83,7 +84,7 @@ def test_a_signal_checkpoints_the_step_in_flight_and_the_resume_is_exact(
         "the same command with --resume to continue from it"), err
     assert "Traceback" not in err
 
-    assert main([*argv(pretrain_world, out), "--resume"]) == 0
+    assert main(command) == 0  # the same command, as a scheduler restarts it
     assert read_metrics(out) == _without_rates(read_metrics(uninterrupted), read_metrics(out))
 
 
