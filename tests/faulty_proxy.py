@@ -1,8 +1,9 @@
 """A fault-injecting HTTP proxy for the tests, in front of the local S3 server (tests/s3_server.py):
-every `every`-th request (the first `limit` of them: a burst, with every=1) it answers 503 SlowDown (S3's "reduce your request rate"), or forwards
-and then cuts the connection in the middle of the answer's body (a reset: the socket closed with
-SO_LINGER 0), as a loaded object store or its load balancer does. All other requests pass
-through unchanged. `faults` counts the faults injected."""
+every `every`-th request (only the first `limit` of them: with every=1, a burst) it answers 503
+SlowDown (S3's "reduce your request rate"), or forwards it and then cuts the connection in the
+middle of the answer's body (a reset: the socket closed with SO_LINGER 0), as a loaded object
+store or its load balancer does. All other requests pass through unchanged. `faults` counts the
+faults injected."""
 
 from __future__ import annotations
 

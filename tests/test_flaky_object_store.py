@@ -66,6 +66,7 @@ def test_extraction_from_and_to_s3(flaky, bucket, tmp_path):
     images = upload_tree(photos, f"{bucket}/photos")
     done = pipeline(extract(images, f"{bucket}/feats"), env)
     assert done.returncode == 0, done.stderr[-3000:]
+    print(f"{proxy.faults} faults ({proxy.fault}) in {proxy.requests} requests")  # -rA shows it
     assert proxy.faults >= 4, (proxy.requests, proxy.faults)
     expected, got = shard_stats(local), shard_stats(f"{bucket}/feats")
     assert sorted(got) == sorted(expected) and len(got) == 4
@@ -95,6 +96,7 @@ def test_pretraining_from_s3_shards_into_an_s3_run(flaky, pretrain_world, bucket
     run = f"{bucket}/runs/lxmert"
     done = pipeline(pretrain(run, corpus, shards), env)
     assert done.returncode == 0, done.stderr[-3000:]
+    print(f"{proxy.faults} faults ({proxy.fault}) in {proxy.requests} requests")  # -rA shows it
     assert proxy.faults >= 4, (proxy.requests, proxy.faults)
 
     def numbers(records: list[dict]) -> list[dict]:  # all but the timings

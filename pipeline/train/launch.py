@@ -7,6 +7,12 @@ the shards. Without `--address` an embedded local Ray is started for the run and
 it. The verbs hand over a config whose paths are absolute (`prepare_pretrain`,
 `prepare_finetune`), as workers on other machines need; the workers of a local Ray also keep this
 command's directory.
+
+A lost worker (its process killed, its node gone) fails the worker group; a new one is started,
+which resumes from the latest checkpoint (train_loop: train.coordination), up to run.max_failures
+times. Errors the training raises are not retried: they would repeat exactly (Ray Train's own
+FailureConfig retries both alike). SIGTERM to this command stops the workers after the same step,
+with a checkpoint (train.stop). docs/reliability.md
 """
 
 from __future__ import annotations
@@ -24,11 +30,11 @@ from typing import Any
 import torch
 
 from pipeline.common.config import to_dict
-from pipeline.train.job import Job
-from pipeline.train.logs import read_metrics
 from pipeline.train import coordination
 from pipeline.train.checkpoint import CHECKPOINTS
 from pipeline.train.errors import Stopped
+from pipeline.train.job import Job
+from pipeline.train.logs import read_metrics
 from pipeline.train.loop import last_whole, train_loop
 from pipeline.train.stop import StopRequest, stopped_message
 from shards.storage import is_url
@@ -121,7 +127,8 @@ def _fit_with_ray(
                         # reads as with --workers 0; such errors are not retried.
                         raise min(err.worker_failures.items())[1] from err
                     failures += 1
-                    limit = "" if run.max_failures < 0 else f" of run.max_failures = {run.max_failures}"
+                    limit = (f" of run.max_failures = {run.max_failures}"
+                             if run.max_failures >= 0 else "")
                     say(f"worker(s) of rank {', '.join(map(str, lost))} lost: restarting the "
                         f"worker group from the latest checkpoint (restart {failures}{limit})")
         finally:
