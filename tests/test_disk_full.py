@@ -10,16 +10,14 @@ import re
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
 
 from pipeline.cli import main
 from pipeline.extract.output import ShardSink
 from pipeline.train.checkpoint import checkpoint_dirs, load_state
 from pipeline.train.logs import read_metrics
 from pipeline.train.loop import Trainer
-from test_preemption import _without_rates, argv, uninterrupted  # noqa: F401 - a fixture
+from test_preemption import _without_rates, argv, extract_args, random_photos
 
 
 @pytest.fixture
@@ -56,18 +54,10 @@ def fill(disk: Path, leave: int = 0) -> Path:
 
 
 def test_shards(tmp_path, small_disk, monkeypatch, capsys):
-    from test_extract_cli import TINY
-
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
-            photos / f"{i:02d}.png")
+    photos = random_photos(tmp_path / "photos", 12)
 
     def extract(out: Path) -> list[str]:
-        return ["extract", "--dataset", "folder", "--root", str(photos), "--out", str(out),
-                *TINY, "--random-weights"]
+        return extract_args(photos, out)
 
     whole = tmp_path / "whole"
     assert main(extract(whole)) == 0
@@ -111,8 +101,8 @@ def test_shards(tmp_path, small_disk, monkeypatch, capsys):
                  marks=pytest.mark.slow),
     ("checkpoint", 12, 256 << 10, f"checkpoints/step_{20:08d}.tmp/state.pt"),
 ])
-def test_training(pretrain_world, uninterrupted, small_disk, monkeypatch, capsys,  # noqa: F811
-                  where, step, leave, path):
+def test_training(pretrain_world, uninterrupted, small_disk, monkeypatch, capsys, where, step,
+                  leave, path):
     out = small_disk / "run"
     args = argv(pretrain_world, out, "run.checkpoint_every=10")
     real = Trainer._train_record

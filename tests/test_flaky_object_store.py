@@ -16,16 +16,15 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
-from PIL import Image
 from upath import UPath
 
 from faulty_proxy import FaultyProxy
 from pipeline.cli import main
 from pipeline.train.logs import read_metrics
+from shards.storage import as_path
 from test_object_storage_runs import shard_stats, stored, upload_tree
-from test_preemption import CONFIG, ROOT
+from test_preemption import CONFIG, ROOT, extract_args, random_photos
 
 EVERY = 7
 
@@ -47,24 +46,12 @@ def pipeline(args: list[str], env: dict) -> subprocess.CompletedProcess:
 
 
 def test_extraction_from_and_to_s3(flaky, bucket, tmp_path):
-    from test_extract_cli import TINY
-
     proxy, env = flaky
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(12):
-        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
-            photos / f"{i:02d}.png")
-
-    def extract(root: str, out: str) -> list[str]:
-        return ["extract", "--dataset", "folder", "--root", root, "--out", out, *TINY,
-                "--random-weights"]
-
+    photos = random_photos(tmp_path / "photos", 12)
     local = tmp_path / "local"
-    assert main(extract(str(photos), str(local))) == 0
+    assert main(extract_args(photos, local)) == 0
     images = upload_tree(photos, f"{bucket}/photos")
-    done = pipeline(extract(images, f"{bucket}/feats"), env)
+    done = pipeline(extract_args(images, f"{bucket}/feats"), env)
     assert done.returncode == 0, done.stderr[-3000:]
     print(f"{proxy.faults} faults ({proxy.fault}) in {proxy.requests} requests")  # -rA shows it
     assert proxy.faults >= 4, (proxy.requests, proxy.faults)
@@ -118,16 +105,17 @@ print(json.dumps(as_path("s3://bucket/key").fs.config_kwargs.get("retries")))
 """
 
 
-@pytest.mark.parametrize("variables, retries", [
-    ({}, {"mode": "standard", "max_attempts": 10}),
-    ({"AWS_MAX_ATTEMPTS": "3"}, None),  # botocore's own setting, read by botocore itself
-])
-def test_the_retry_policy_is_standard_with_10_attempts_unless_the_user_sets_it(
-        variables, retries):
-    env = {k: v for k, v in os.environ.items() if k not in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE")}
-    done = subprocess.run([sys.executable, "-c", POLICY], env={**env, **variables,
-                          "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, check=True)
-    assert json.loads(done.stdout) == retries
+def test_the_retry_policy_is_standard_with_10_attempts_unless_the_user_sets_it(monkeypatch):
+    for name in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(name, raising=False)
+    retries = as_path("s3://bucket/key").fs.config_kwargs.get("retries")
+    assert retries == {"mode": "standard", "max_attempts": 10}
+    # botocore's own setting, read by botocore itself: the policy leaves it alone (a process of its
+    # own: fsspec's configuration is the process's)
+    env = {**os.environ, "AWS_MAX_ATTEMPTS": "3", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", POLICY], env=env, capture_output=True,
+                          text=True, check=True)
+    assert json.loads(done.stdout) is None
 
 
 @pytest.mark.slow  # botocore's backoff: about 30 s

@@ -5,7 +5,8 @@ repeats the uninterrupted one's losses step for step. When the checkpoint cannot
 run.stop_grace_s, the process exits at once and the last whole checkpoint is the one a resume
 reads.
 
-The uninterrupted reference is the same config trained in this process without a signal."""
+The uninterrupted reference (`uninterrupted`, conftest.py) is the same config trained in this
+process without a signal."""
 
 import os
 import signal
@@ -56,13 +57,6 @@ def signal_after(process: subprocess.Popen, out: Path, step: int, signum: int) -
             return logged
         time.sleep(0.01)
     raise AssertionError(f"the run never logged step {step}: {process.communicate()}")
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(pretrain_world, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("uninterrupted") / "run"
-    assert main(argv(pretrain_world, out)) == 0
-    return out
 
 
 @pytest.mark.parametrize("signum, status", [
@@ -133,28 +127,34 @@ def test_a_checkpoint_not_written_within_the_grace_keeps_the_last_whole_one(
     assert read_metrics(out) == _without_rates(read_metrics(uninterrupted), read_metrics(out))
 
 
+def random_photos(folder: Path, count: int) -> Path:
+    """`count` PNGs of seeded noise, 64 x 48, in `folder` (made)."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
+            folder / f"{i:02d}.png")
+    return folder
+
+
+def extract_args(photos: Path | str, out: Path | str) -> list[str]:
+    """`pipeline extract` of `photos` into `out` with a tiny random detector, 3 images a shard."""
+    from test_extract_cli import TINY
+
+    return ["extract", "--dataset", "folder", "--root", str(photos), "--out", str(out), *TINY,
+            "--random-weights"]
+
+
 def test_extraction_stopped_by_sigterm_keeps_only_whole_shards_and_resumes_to_the_same_bytes(
         tmp_path):
     """`pipeline extract` SIGTERMed after its second shard: exit 143, the line, each kept shard
     whole (its stats file written), no temporary file; the same command then writes the shards
     an uninterrupted extraction writes, byte for byte."""
-    from test_extract_cli import TINY
-
-    photos = tmp_path / "photos"
-    photos.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(18):
-        Image.fromarray(rng.integers(0, 255, (48, 64, 3), dtype=np.uint8)).save(
-            photos / f"{i:02d}.png")
-
-    def extract(out: Path) -> list[str]:
-        return ["extract", "--dataset", "folder", "--root", str(photos), "--out", str(out),
-                *TINY, "--random-weights"]
-
+    photos = random_photos(tmp_path / "photos", 18)
     whole = tmp_path / "whole"
-    assert main(extract(whole)) == 0
+    assert main(extract_args(photos, whole)) == 0
     out = tmp_path / "stopped"
-    process = start(extract(out))
+    process = start(extract_args(photos, out))
     deadline = time.monotonic() + 120
     while len(list(out.glob("*_stats.json"))) < 2 and process.poll() is None:
         assert time.monotonic() < deadline
@@ -172,7 +172,7 @@ def test_extraction_stopped_by_sigterm_keeps_only_whole_shards_and_resumes_to_th
     for name in tars:
         assert (out / name).read_bytes() == (whole / name).read_bytes()
 
-    assert main(extract(out)) == 0
+    assert main(extract_args(photos, out)) == 0
     assert sorted(p.name for p in out.glob("*.tar")) == sorted(p.name for p in whole.glob("*.tar"))
     for tar in whole.glob("*.tar"):
         assert (out / tar.name).read_bytes() == tar.read_bytes()

@@ -32,13 +32,13 @@ def two_workers(world, out: Path, *sets: str) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(pretrain_world, tmp_path_factory) -> Path:
+def uninterrupted_two(pretrain_world, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("uninterrupted_two") / "run"
     assert main(two_workers(pretrain_world, out)) == 0
     return out
 
 
-def test_sigterm_to_the_driver_checkpoints_and_resumes_exactly(pretrain_world, uninterrupted,
+def test_sigterm_to_the_driver_checkpoints_and_resumes_exactly(pretrain_world, uninterrupted_two,
                                                                tmp_path):
     out = tmp_path / "run"
     process = start(two_workers(pretrain_world, out))
@@ -53,10 +53,10 @@ def test_sigterm_to_the_driver_checkpoints_and_resumes_exactly(pretrain_world, u
         "the same command with --resume to continue from it"), err
 
     assert main([*two_workers(pretrain_world, out), "--resume"]) == 0
-    assert read_metrics(out) == _without_rates(read_metrics(uninterrupted), read_metrics(out))
+    assert read_metrics(out) == _without_rates(read_metrics(uninterrupted_two), read_metrics(out))
 
 
-def test_a_killed_worker_is_restarted_from_the_latest_checkpoint(pretrain_world, uninterrupted,
+def test_a_killed_worker_is_restarted_from_the_latest_checkpoint(pretrain_world, uninterrupted_two,
                                                                  tmp_path):
     out = tmp_path / "run"
     process = start(two_workers(pretrain_world, out))
@@ -70,4 +70,4 @@ def test_a_killed_worker_is_restarted_from_the_latest_checkpoint(pretrain_world,
     assert process.returncode == 0, err
     assert "lost: restarting the worker group from the latest checkpoint (restart 1 of " \
            "run.max_failures = 3)" in err, err
-    assert read_metrics(out) == _without_rates(read_metrics(uninterrupted), read_metrics(out))
+    assert read_metrics(out) == _without_rates(read_metrics(uninterrupted_two), read_metrics(out))
