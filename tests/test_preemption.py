@@ -176,3 +176,32 @@ def test_extraction_stopped_by_sigterm_keeps_only_whole_shards_and_resumes_to_th
     assert sorted(p.name for p in out.glob("*.tar")) == sorted(p.name for p in whole.glob("*.tar"))
     for tar in whole.glob("*.tar"):
         assert (out / tar.name).read_bytes() == tar.read_bytes()
+
+
+@pytest.mark.slow
+def test_finetuning_stopped_by_sigterm_resumes_exactly(pretrain_world, tmp_path):
+    """The fine-tuning Job in the same trainer: VQA fine-tuning SIGTERMed after step 3."""
+    from test_finetune import TINY, vqa_sets
+
+    sets = [*vqa_sets(pretrain_world), *TINY, "run.epochs=100", "run.max_steps=60",
+            "run.val_every=7"]
+
+    def finetune(out: Path) -> list[str]:
+        return ["finetune", "vqa", "--out", str(out), "--workers", "0", "--resume", "auto",
+                *[item for s in sets for item in ("--set", s)]]
+
+    whole = tmp_path / "whole"
+    assert main(finetune(whole)) == 0
+    out = tmp_path / "run"
+    process = start(finetune(out))
+    logged = signal_after(process, out, 3, signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err
+    (checkpoint,) = checkpoint_dirs(out)
+    step = load_state(checkpoint)["position"]["step"]
+    assert logged <= step < 60
+    assert err.rstrip("\n").split("\n")[-1] == (
+        f"pipeline: stopped by SIGTERM after step {step}: checkpoint {checkpoint} written; run "
+        "the same command with --resume to continue from it"), err
+    assert main(finetune(out)) == 0
+    assert read_metrics(out) == _without_rates(read_metrics(whole), read_metrics(out))
