@@ -31,6 +31,7 @@ from pipeline.common.bytecode import compile_environment
 from pipeline.common.config import ConfigError
 from pipeline.common.config_help import show_config
 from pipeline.common.ray_session import RayStartError, check_address
+from pipeline.common.signals import Terminated, terminate_as_interrupt
 from pipeline.corpus import command as corpus
 from pipeline.corpus.config import CorpusError
 from pipeline.datasets import DatasetError
@@ -46,7 +47,7 @@ from pipeline.finetune import predict_command as predict
 from pipeline.finetune.examples import ExamplesError, TaskDataError
 from pipeline.pretrain import command as pretrain
 from pipeline.train import convert, plot
-from pipeline.train.errors import DivergenceError
+from pipeline.train.errors import DivergenceError, Stopped
 from pipeline.world import command as world
 from shards.schema import SchemaError
 from shards.storage import StorageError, check_reachable, explain
@@ -174,12 +175,17 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "address", None):  # so is a cluster address, before the inputs are read
             check_address(args.address)
         return VERBS[args.verb].run(args)
-    except KeyboardInterrupt:
+    except Stopped as err:  # a training run's checkpoint after SIGTERM or SIGINT
+        print(f"pipeline: {err}", file=sys.stderr)
+        return err.status
+    except KeyboardInterrupt as err:
         # The verbs leave nothing half-written (shards, checkpoints and corpora are renamed into
-        # place when complete): say so, and how to go on, not where the signal landed.
+        # place when complete): say so, and how to go on, not where the signal landed. SIGTERM
+        # (a scheduler's) is taken as Ctrl-C is (pipeline/common/signals.py).
         hint = getattr(VERBS[args.verb], "ON_INTERRUPT", "")
-        print(f"pipeline: interrupted{'; ' + hint if hint else ''}", file=sys.stderr)
-        return 130
+        what = "stopped by SIGTERM" if isinstance(err, Terminated) else "interrupted"
+        print(f"pipeline: {what}{'; ' + hint if hint else ''}", file=sys.stderr)
+        return 143 if isinstance(err, Terminated) else 130
     except BrokenPipeError:  # `pipeline ... | head` stopped reading: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit
         return 141
@@ -188,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pipeline: {kind}: {err}", file=sys.stderr)
         return 2
     except OSError as err:
+        if err.errno == errno.ENOSPC:  # nothing torn is kept (shards, checkpoints, metrics)
+            hint = getattr(VERBS[args.verb], "ON_INTERRUPT", "")
+            print(f"pipeline: no space left on device: {err.filename}; free some"
+                  f"{', then ' + hint if hint else ''}", file=sys.stderr)
+            return 2
         if err.errno in DENIED:
             where = f"{err.filename}: {err.strerror}" if err.filename else err  # pyarrow's has none
             print(f"pipeline: file error: {where}", file=sys.stderr)
@@ -211,11 +222,13 @@ def storage_error(err: Exception, named: list[str]) -> int:
 def command() -> int:
     """The `pipeline` program (pyproject's script): `main` on the command line. Interrupted, its
     exit's clean-up (Ray's, torch's) is not interrupted again by a second Ctrl-C, such as the one
-    `uv run` passes on after the terminal's."""
+    `uv run` passes on after the terminal's. SIGTERM is taken as Ctrl-C is, exit 143."""
     compile_environment(lambda line: print(line, file=sys.stderr))
+    terminate_as_interrupt()
     status = main()
-    if status == 130:
+    if status in (130, 143):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return status
 
 

@@ -17,9 +17,12 @@ access denied) is said in words (`explain`), and found at once for the URLs a co
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 from urllib.parse import urlsplit
@@ -31,6 +34,16 @@ Location = Union[Path, "UPath"]
 
 # The short probe of check_reachable: botocore would otherwise retry a dead endpoint for a minute.
 _PROBE = {"connect_timeout": 5, "read_timeout": 15, "retries": {"max_attempts": 1}}
+# The retries of every other S3 request, unless AWS_RETRY_MODE or AWS_MAX_ATTEMPTS (botocore's own
+# settings) say otherwise: botocore's "standard" mode retries throttling (503 SlowDown), 5xx answers
+# and dropped connections with exponential backoff and jitter, 1 s doubling up to 20 s; 10
+# attempts ride out about a minute of a store's trouble. Botocore's default (legacy, 5 attempts)
+# gave up on a HEAD request (an `exists`) after 8 s of 503s; s3fs retries GET and PUT 5 more times
+# on top, but a HEAD's 503 has no body that says SlowDown. docs/reliability.md
+RETRIES = {"mode": "standard", "max_attempts": 10}
+
+
+NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
 
 
 class StorageError(ValueError):
@@ -83,6 +96,35 @@ def check_reachable(url: str) -> None:
         raise StorageError(f"{url}: {cause}") from err
 
 
+@contextmanager
+def naming(path: str | os.PathLike | UPath) -> Iterator[None]:
+    """Errors of writing `path` raised as OSErrors that name it: a write's or a flush's OSError
+    names no file (a full disk's ENOSPC), and a library may raise its own error instead, which
+    says "No space left on device" in its message (safetensors') or was raised while handling
+    the OSError (torch.save's)."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from err
+    except Exception as err:
+        if not _no_space(err):
+            raise
+        raise OSError(errno.ENOSPC, NO_SPACE, str(path)) from err
+
+
+def _no_space(err: BaseException | None) -> bool:
+    """Whether `err`, or an error it was raised from or while handling, is a full disk's."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if NO_SPACE in str(err) or getattr(err, "errno", None) == errno.ENOSPC:
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
 def is_url(value: str | os.PathLike | UPath) -> bool:
     """Whether `value` names an object in an fsspec filesystem ("scheme://...")."""
     return "://" in str(value)
@@ -94,9 +136,22 @@ def as_path(value: str | os.PathLike | UPath) -> Location:
         return value
     if not is_url(value):
         return Path(value)
+    _retry_policy()
     from upath import UPath
 
     return value if isinstance(value, UPath) else UPath(str(value))
+
+
+def _retry_policy() -> None:
+    """RETRIES for the S3 filesystems fsspec makes from now on in this process (each process
+    that reads or writes a URL passes here: the command, its Ray workers), unless the user set
+    botocore's own variables."""
+    if "AWS_RETRY_MODE" in os.environ or "AWS_MAX_ATTEMPTS" in os.environ:
+        return
+    import fsspec.config
+
+    s3 = fsspec.config.conf.setdefault("s3", {})
+    s3.setdefault("config_kwargs", {}).setdefault("retries", dict(RETRIES))
 
 
 def staging_file(final: Location) -> Path:
@@ -130,7 +185,7 @@ def write_atomic(path: str | os.PathLike | UPath, data: bytes) -> None:
     final = as_path(path)
     staged = staging_file(final)
     try:
-        with open(staged, "wb") as f:
+        with naming(staged), open(staged, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import tarfile
+from contextlib import suppress
 from typing import Any, BinaryIO
 
 from shards.schema import SCHEMA_VERSION, Sample, SchemaError, encode_sample
@@ -25,6 +26,7 @@ from shards.storage import (
     Location,
     as_path,
     make_dirs,
+    naming,
     publish,
     sort_paths,
     staging_file,
@@ -129,9 +131,10 @@ class ShardWriter:
         self._seen.add(sample.key)
         members = encode_sample(sample)
         # One write (and one pass of the shard's hash) for the whole sample.
-        self._hashing.write(b"".join(
-            part for name, payload in members for part in tar_member(name, payload)
-        ))
+        with naming(self.tmp_path):
+            self._hashing.write(b"".join(
+                part for name, payload in members for part in tar_member(name, payload)
+            ))
         self.keys.append(sample.key)
         self.digests.append(sample_digest(members))
 
@@ -149,11 +152,18 @@ class ShardWriter:
         if self._closed:
             raise RuntimeError(f"shard {self.name} already closed")
         self._closed = True
-        self._hashing.write(tar_end(self._hashing.nbytes))
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
-        publish(self.tmp_path, self.path)
+        try:
+            with naming(self.tmp_path):
+                self._hashing.write(tar_end(self._hashing.nbytes))
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+            publish(self.tmp_path, self.path)
+        except BaseException:  # a full disk, say: no temporary file left to hold its space
+            with suppress(OSError):
+                self._file.close()
+            self.tmp_path.unlink(missing_ok=True)
+            raise
         stats = {
             "schema_version": SCHEMA_VERSION,
             "shard": self.path.name,
@@ -173,7 +183,8 @@ class ShardWriter:
         if self._closed:
             return
         self._closed = True
-        self._file.close()
+        with suppress(OSError):  # its buffer cannot be flushed to a full disk
+            self._file.close()
         self.tmp_path.unlink(missing_ok=True)
 
     def __enter__(self) -> ShardWriter:

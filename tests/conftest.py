@@ -123,6 +123,19 @@ def pretrain_world(tmp_path_factory) -> PretrainWorld:
 
 
 @pytest.fixture(scope="session")
+def uninterrupted(pretrain_world, tmp_path_factory) -> Path:
+    """test_preemption.py's tiny LXMERT run (`argv`: 60 steps, every step logged) trained in this
+    process without a fault: the reference of the runs that tests/test_preemption.py and
+    tests/test_disk_full.py stop, fill and resume."""
+    from pipeline.cli import main
+    from test_preemption import argv
+
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    assert main(argv(pretrain_world, out)) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
 def tiny_vqa_run(pretrain_world, tmp_path_factory) -> Path:
     """A tiny LXMERT fine-tuned three steps on the world's VQA (test_finetune.py's settings),
     shared by the Python API's tests and its documentation's."""

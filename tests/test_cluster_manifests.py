@@ -24,7 +24,8 @@ K8S = kubernetes_validate.latest_version()
 
 # The ray.io/v1 fields these manifests may use (KubeRay's RayJob and RayCluster specs).
 RAYJOB_SPEC = {"entrypoint", "shutdownAfterJobFinishes", "ttlSecondsAfterFinished",
-               "rayClusterSpec", "submissionMode", "activeDeadlineSeconds", "runtimeEnvYAML"}
+               "rayClusterSpec", "submissionMode", "activeDeadlineSeconds", "runtimeEnvYAML",
+               "backoffLimit"}
 CLUSTER_SPEC = {"rayVersion", "headGroupSpec", "workerGroupSpecs", "enableInTreeAutoscaling"}
 HEAD_SPEC = {"rayStartParams", "template", "serviceType"}
 WORKER_SPEC = {"groupName", "replicas", "minReplicas", "maxReplicas", "rayStartParams", "template"}
@@ -117,6 +118,22 @@ def test_entrypoint_is_a_valid_pipeline_command_on_the_cluster(path):
     assert paths and all(p.startswith(("/data/", "/opt/pipeline/")) for p in paths), paths
     if argv[1] in ("pretrain", "finetune"):
         assert "run.device=cuda" in argv  # the driver runs on the CPU-only head
+
+
+@pytest.mark.parametrize("path", RAY_JOBS, ids=lambda p: p.name)
+def test_a_preempted_job_is_given_the_grace_and_submitted_again_to_resume(path):
+    """Each pod waits longer after SIGTERM than a training run needs to checkpoint
+    (run.stop_grace_s); a failed job is submitted again (KubeRay's backoffLimit), and its
+    entrypoint resumes (a training verb's `--resume auto`; extraction always resumes)."""
+    from pipeline.train.config import RunConfig
+
+    job = _load(path)
+    assert job["spec"]["backoffLimit"] >= 1
+    for template in _templates(job):
+        assert template["spec"]["terminationGracePeriodSeconds"] > RunConfig().stop_grace_s
+    argv = shlex.split(job["spec"]["entrypoint"])
+    if argv[1] in ("pretrain", "finetune"):
+        assert build_parser().parse_args(argv[1:]).resume == "auto"
 
 
 def test_compose_runs_a_head_and_gpu_workers_that_join_it():

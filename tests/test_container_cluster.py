@@ -4,7 +4,8 @@ its dashboard, two worker nodes), and jobs given to it as users give them: the e
 `ray job submit` to the head's job API, pretraining with `pipeline pretrain --address` from the
 head's container. A worker container is killed mid-run (`podman kill -s KILL`: every process in
 it at once, as when a node dies) and a replacement container joins: the extraction writes every
-image once, as an uninterrupted run does, and the pretraining run, resumed, gives the same losses.
+image once, as an uninterrupted run does, and the pretraining run, restarted by itself, gives the
+same losses.
 
 A host directory mounted at /data in every container stands in for the cluster's shared volume;
 the detector's files and the sample photos are mounted read-only at their paths here, so that the
@@ -24,7 +25,7 @@ import pytest
 from podman_image import NEEDS_PODMAN, podman, podman_env
 from test_multinode import (
     EXTRACT, HOSTS, IMAGES, PHOTOS, PORT, PRETRAIN_SETS, TIMEOUT, Cluster, _local_extraction,
-    _samples, cluster_up, resume_after_losing_a_worker_host, run_losing_a_worker_host,
+    _samples, cluster_up, restart_after_losing_a_worker_host, run_losing_a_worker_host,
 )
 
 from pipeline.common.assets import SAMPLE_IMAGES, bundled_detector
@@ -147,8 +148,8 @@ def _pretrain(cluster: ContainerCluster, out: str, *extra: str) -> list[str]:
     return cluster.exec(1, *command)
 
 
-def test_pretraining_on_containers_resumes_after_losing_one(cluster, data, pretrain_world,
-                                                           tmp_path):
+def test_pretraining_on_containers_restarts_by_itself_after_losing_one(
+        cluster, data, pretrain_world, tmp_path):
     world = data / "world"
     for name, source in [("corpus", pretrain_world.corpus), ("coco", pretrain_world.shards[0]),
                          ("vg", pretrain_world.shards[1])]:
@@ -156,7 +157,7 @@ def test_pretraining_on_containers_resumes_after_losing_one(cluster, data, pretr
     for path in [world, *world.rglob("*")]:
         os.chown(path, 1001, 1001)
 
-    whole, resumed = resume_after_losing_a_worker_host(
+    whole, restarted = restart_after_losing_a_worker_host(
         cluster, lambda name, *extra: _pretrain(cluster, f"/data/runs/{name}", *extra),
         data / "runs", tmp_path)
-    assert resumed == whole  # every step, the resumed ones included
+    assert restarted == whole  # every step, the repeated ones included

@@ -218,6 +218,29 @@ def test_killed_actor_and_killed_driver_resume_to_the_same_samples(
     assert main(["shards", "verify", str(out)]) == 0
 
 
+@pytest.mark.ray
+@pytest.mark.slow  # two Ray starts
+def test_sigterm_stops_the_driver_with_whole_shards_only_and_resumes(images, reference, tmp_path,
+                                                                      capsys):
+    """SIGTERM to the command (a scheduler's): exit 143 and its line, the shards written so far
+    each whole, no temporary file; the same command then ends with the uninterrupted samples."""
+    out = tmp_path / "feats"
+    log = tmp_path / "first.log"
+    with _Run(images, out, log) as run:
+        _wait(lambda: _finished_shards(out) >= 1, "a finished shard", run.proc)
+        run.proc.send_signal(signal.SIGTERM)
+        assert run.proc.wait(timeout=TIMEOUT) == 143, _read(log)[-3000:]
+    finished = _finished_shards(out)
+    assert finished < NUM_SHARDS, "the run finished before its SIGTERM"
+    assert _read(log).replace("\r", "\n").rstrip("\n").split("\n")[-1] == (
+        "pipeline: stopped by SIGTERM; run the same command again to resume: finished shards "
+        "are kept")
+    assert not list(out.glob(".*.tmp"))
+    assert main(_argv(images, out)) == 0
+    assert f"resumed: {finished} finished shard(s) kept" in capsys.readouterr().out
+    assert _outcome(out) == reference
+
+
 def _read(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 

@@ -134,6 +134,9 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
     }
     tries = 1 if address else 2
     before = descendants(os.getpid())
+    # ray.init puts its own SIGTERM handler in (it prints a stack and aborts: exit -6); the
+    # command's own, SIGTERM as Ctrl-C (pipeline/common/signals.py), is put back after it.
+    on_sigterm = signal.getsignal(signal.SIGTERM)
     for attempt in range(1, tries + 1):
         try:
             with _noting_the_wait(what, WAIT_NOTE, local=not address):
@@ -165,6 +168,8 @@ def ray_session(address: str | None, *, without_ray: str, forward: str | None = 
             raise RayStartError(
                 f"could not start {what}: {reason}; {hint}, or run without Ray: {without_ray}"
             ) from err
+    if callable(on_sigterm):
+        signal.signal(signal.SIGTERM, on_sigterm)
     resources = ray.cluster_resources()
     say(f"{what} is up after {time.perf_counter() - start:.1f} s "
          f"({resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)")

@@ -132,9 +132,16 @@ def extract_refs(
                 log.write(format_summary(tally, out_dir))
             except BaseException as err:
                 sink.abort()
-                log.write(f"=== stopped by {type(err).__name__}" + (f": {err}" if str(err) else ""))
+                # On a full disk the log cannot take this line either: the disk's error is the
+                # one raised, not the log's.
+                with contextlib.suppress(OSError):
+                    log.write(f"=== stopped by {type(err).__name__}"
+                              + (f": {err}" if str(err) else ""))
+                with contextlib.suppress(OSError):
+                    log.close()
                 raise
+            else:
+                log.close()
             finally:
                 progress.close()
-                log.close()
         return tally

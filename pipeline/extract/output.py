@@ -233,7 +233,16 @@ class ShardSink:
         self.status: list[dict] = []
 
     def add(self, unit: Unit, items: list[Prepared]) -> None:
-        """Write one unit's samples and failures (items in the unit's order)."""
+        """Write one unit's samples and failures (items in the unit's order). A unit that fails
+        (a full disk, say) drops its shard's temporary file at once: the writing thread may take
+        the next shard's units before the run stops."""
+        try:
+            self._add(unit, items)
+        except BaseException:
+            self.abort()
+            raise
+
+    def _add(self, unit: Unit, items: list[Prepared]) -> None:
         if unit.index == 0:
             self.writer, self.status = ShardWriter(self.out_dir, unit.shard), []
         if self.writer is None or self.writer.name != unit.shard:
@@ -268,6 +277,7 @@ class ShardSink:
         """Drop the open shard's temporary file (an interrupted run)."""
         if self.writer is not None:
             self.writer.abort()
+            self.writer = None
 
     def _close(self) -> None:
         name = self.writer.name

@@ -29,7 +29,8 @@ weights") or from scratch. Defaults are LXMERT's: batch 32, 4 epochs, 10%
 warmup, lr 5e-5 (VQA, NLVR2) / 1e-5 (GQA), BCE on soft scores for VQA and GQA. From an LXMERT
 pretraining checkpoint with a QA head, `--set init_answers=CORPUS` (or all_ans.json) starts the
 answer head from the pretrained rows. The same trainer as pretraining: --workers N on Ray Train,
---resume, metrics.jsonl, checkpoints/. The run directory also receives answers.json (VQA, GQA).
+--resume (`--resume auto`: resume a run that exists, else start it), SIGTERM's checkpoint and exit
+143, metrics.jsonl, checkpoints/. The run directory also receives answers.json (VQA, GQA).
 VCR, RefCOCO+ and Flickr30K take ViLBERT's recipes: 4-way multiple choice (Q->A and QA->R) for
 VCR, a score per region trained on its IoU with the referred box for RefCOCO+, 4-way multiple
 choice with a random caption, a random image and a hard negative for Flickr30K. VQA and GQA can

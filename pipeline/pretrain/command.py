@@ -27,7 +27,10 @@ The run directory (--out) receives config.yaml (resolved), metrics.jsonl (one JS
 logged step and per validation), tensorboard/, checkpoints/step_N/ (full state, and model/ in our
 checkpoint format: `pipeline convert DIR/checkpoints/step_N/model --to hf`) and loss_curves.png.
 `--resume` continues from the latest checkpoint: the following steps repeat exactly what an
-uninterrupted run with the same seed would have done.
+uninterrupted run with the same seed would have done. SIGTERM (a scheduler's) or Ctrl-C: the step
+in flight finishes, its checkpoint is written, exit 143 (130); `--resume auto` resumes a run that
+exists and starts one that does not, so a scheduler can restart the same command; a lost Ray
+Train worker restarts from the latest checkpoint by itself (run.max_failures; docs/reliability.md).
 
 Speed: run.data_workers (batches built ahead in processes; on a GPU half the cores per GPU, 2 to
 8), run.shapes (static on a GPU), run.precision (bf16 weights with float32 master weights on a

@@ -8,8 +8,10 @@ step.py         TrainStep: the optimizer, its schedule, a micro-batch's forward 
                 update; capturable (learning rates in device tensors, stats in one tensor)
 precision.py    run.precision: float32, autocast, or bf16 weights with float32 master weights
 graphs.py       run.cuda_graph: the whole step captured as one CUDA graph and replayed
-errors.py       DivergenceError (torch-free: the command line names it)
-launch.py       run_training: in this process, or on Ray Train workers
+errors.py       DivergenceError, Stopped (torch-free: the command line names them)
+stop.py         SIGTERM / SIGINT while training: finish the step, checkpoint, exit 143 / 130
+coordination.py what the driver and the Ray Train workers of a run tell each other
+launch.py       run_training: in this process, or on Ray Train workers (lost workers restarted)
 gloo.py         gloo across machines: each Ray Train worker bound to its node's Ray address
 checkpoint.py   run-directory checkpoints (state + the model in our checkpoint format)
 remote.py       a run directory at a URL (s3://...): local working copies, pushed and pulled

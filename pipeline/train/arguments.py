@@ -25,9 +25,10 @@ def add_training_args(parser: argparse.ArgumentParser, example: str) -> None:
         "--out", required=True, help="run directory: a path or a URL such as s3://bucket/runs/x"
     )
     parser.add_argument(
-        "--resume", action="store_true",
+        "--resume", nargs="?", const=True, default=False, choices=["auto"],
         help="continue the run in --out from its latest checkpoint (its config.yaml is used; "
-        "--set still applies, e.g. run.epochs=30 to train longer)",
+        "--set still applies, e.g. run.epochs=30 to train longer); `--resume auto`: continue it "
+        "if --out holds one, else start it (a job that a scheduler restarts after a preemption)",
     )
     parser.add_argument(
         "--workers", type=int,
@@ -53,6 +54,8 @@ def run_config_path(args: argparse.Namespace, verb: str) -> str | Location | Non
         return args.config
     out = as_path(args.out)
     saved = out / "config.yaml"
+    if args.resume == "auto":
+        args.resume = saved.is_file()
     if not args.resume:
         if saved.exists():
             raise ConfigError(

@@ -11,7 +11,8 @@
         position.json   written last: a directory without it is an interrupted save, ignored
 
 A save goes to `step_N.tmp` and is renamed when complete; older checkpoints beyond `keep` are
-removed after the new one is in place, so a crash at any moment leaves a loadable latest one.
+removed after the new one is in place, so a crash at any moment leaves a loadable latest one. A
+save that fails (a full disk: an OSError naming the file) removes its `.tmp` directory.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from model.checkpoints.formats import save_ours
-from shards.storage import Location, as_path
+from shards.storage import Location, as_path, naming
 
 CHECKPOINTS = "checkpoints"
 POSITION = "position.json"
@@ -63,11 +64,18 @@ def save_checkpoint(
     tmp = final.with_suffix(".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    torch.save({**state, "position": position}, tmp / "state.pt")
-    save_ours(tmp / "model", arch, export_config, export_state)
-    if extra is not None:
-        extra(tmp)
-    (tmp / POSITION).write_text(json.dumps(position) + "\n")
+    try:
+        with naming(tmp / "state.pt"), open(tmp / "state.pt", "wb") as f:
+            torch.save({**state, "position": position}, f)
+        with naming(tmp / "model"):
+            save_ours(tmp / "model", arch, export_config, export_state)
+            if extra is not None:
+                extra(tmp)
+        with naming(tmp / POSITION):
+            (tmp / POSITION).write_text(json.dumps(position) + "\n")
+    except BaseException:  # a full disk, say: its space back, the last whole checkpoint kept
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:

@@ -63,6 +63,12 @@ class RunConfig:
     "auto": static on a GPU. compile: torch.compile each repeated transformer layer.
     cuda_graph: capture the whole step (forward, backward, optimizer) as one CUDA graph and replay
     it (pipeline/train/graphs.py): needs a GPU, static shapes, one worker and optim.accumulation 1.
+    stop_grace_s: after SIGTERM (or SIGINT) the run finishes its step, writes a checkpoint and
+    exits 143 (130); when that takes longer than this many seconds it exits at once, keeping the
+    last whole checkpoint (25: Kubernetes kills 30 s after its SIGTERM; pipeline/train/stop.py).
+    max_failures: on Ray Train workers, how many times a failed worker group (a lost node, a
+    killed worker) is restarted from the latest checkpoint by itself before the run fails (-1:
+    without end; 0: never).
     """
 
     epochs: int = 20
@@ -81,6 +87,8 @@ class RunConfig:
     shapes: Literal["auto", "static", "dynamic"] = "auto"
     compile: bool = False
     cuda_graph: bool = False
+    stop_grace_s: float = 25.0
+    max_failures: int = 3
 
 
 @dataclass(frozen=True)
@@ -148,7 +156,9 @@ def check_schedule(batch_size: int, optim: OptimConfig, run: RunConfig) -> None:
         raise ConfigError(f"optim.betas = {list(optim.betas)}: each must be in [0, 1)")
     check_positive(run, "run", "log_every", "checkpoint_every", "keep_checkpoints")
     check_positive(run, "run", "epochs", "max_steps", "val_every", "threads_per_worker",
-                   allow_zero=True)
+                   "stop_grace_s", allow_zero=True)
+    if run.max_failures < -1:
+        raise ConfigError(f"run.max_failures = {run.max_failures}: must be >= 0, or -1 (no end)")
     if run.workers < -1:
         raise ConfigError(f"run.workers = {run.workers}: must be >= 0, or -1 (auto)")
     if run.data_workers < -1:

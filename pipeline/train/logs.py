@@ -11,9 +11,10 @@ twice and has no hole.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
-from shards.storage import as_path
+from shards.storage import as_path, naming
 
 METRICS = "metrics.jsonl"
 
@@ -54,7 +55,7 @@ class RunLog:
     def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
         self.path = Path(run_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = self.path.open("a")
+        self.file = self.path.open("ab", buffering=0)  # a line is written whole or not at all
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -62,13 +63,23 @@ class RunLog:
             self.writer = SummaryWriter(str(Path(run_dir) / "tensorboard"))
 
     def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-        if self.writer is not None:
+        """Append `record`; a write that fails (a full disk: an OSError naming the file) leaves
+        the file as it was, with no torn line."""
+        line = memoryview((json.dumps(record) + "\n").encode("utf-8"))
+        end = os.fstat(self.file.fileno()).st_size
+        try:
+            with naming(self.path):
+                while line:
+                    line = line[self.file.write(line):]
+        except OSError:
+            os.ftruncate(self.file.fileno(), end)
+            raise
+        if self.writer is not None:  # its own thread writes: a failure is raised a call later
             split = record.get("split", "train")
-            for name, value in record.items():
-                if name not in ("step", "split", "epoch") and isinstance(value, (int, float)):
-                    self.writer.add_scalar(f"{split}/{name}", value, record["step"])
+            with naming(self.path.parent / "tensorboard"):
+                for name, value in record.items():
+                    if name not in ("step", "split", "epoch") and isinstance(value, (int, float)):
+                        self.writer.add_scalar(f"{split}/{name}", value, record["step"])
 
     def close(self) -> None:
         self.file.close()

@@ -16,9 +16,10 @@ run repeats the uninterrupted one's losses.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,10 +33,12 @@ from model.compile import compile_layers
 from pipeline.common.config import ConfigError, to_dict
 from pipeline.common.progress import progress_bar
 from pipeline.common.ray_session import say
-from pipeline.train.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from pipeline.train import coordination
+from pipeline.train.checkpoint import (CHECKPOINTS, checkpoint_dirs, latest_checkpoint,
+                                       load_state, save_checkpoint)
 from pipeline.train.batch import TrainBatch
 from pipeline.train.config import cuda_graph, data_workers
-from pipeline.train.errors import DivergenceError
+from pipeline.train.errors import DivergenceError, Stopped
 from pipeline.train.feed import BatchBuilder, Micro, feed, schedule
 from pipeline.train.graphs import GraphedStep
 from pipeline.train.pixels import add_pixels, row_images
@@ -44,7 +47,8 @@ from pipeline.train.step import TrainStep
 from pipeline.train.logs import RunLog, truncate_metrics
 from pipeline.train.plot import plot_run
 from pipeline.train.remote import pull, push, working_copy
-from shards.storage import is_url
+from pipeline.train.stop import StopRequest, stopped_message
+from shards.storage import as_path, is_url
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,12 @@ class Trainer:
         self.log: RunLog | None = None
         self.data_wait = 0.0  # seconds waited for batches since the last log
         self.diverged = _Divergence(self.device)
+        # The stop signal asked of this rank (0: none; pipeline/train/stop.py), read after each
+        # step; the ranks agree on it over the CPU (gloo), which costs the GPU no sync.
+        self.stop_signal: Callable[[], int] = lambda: 0
+        self.cpu_group = None
+        if world > 1 and dist.get_backend() != "gloo":
+            self.cpu_group = dist.new_group(backend="gloo")
 
     # --- schedule -------------------------------------------------------------------------------
 
@@ -194,6 +204,15 @@ class Trainer:
                 push(self.run_dir, self.mirror, self.config.run.keep_checkpoints)
         if self.world > 1:
             dist.barrier()
+
+    def _stop_agreed(self) -> int:
+        """The stop signal asked of the run (0: none), the same on every rank."""
+        signum = self.stop_signal()
+        if self.world == 1:
+            return signum
+        agreed = torch.tensor([signum], dtype=torch.long)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.cpu_group)
+        return int(agreed)
 
     # --- steps ----------------------------------------------------------------------------------
 
@@ -327,9 +346,11 @@ class Trainer:
                 step = done.step
                 window_rows += done.rows
                 bar.update(1)
+                stop = self._stop_agreed() if step != self.total_steps else 0
                 log = step % run.log_every == 0 or step == self.total_steps
                 every = step % run.val_every == 0 if run.val_every else done.epoch_end
-                if log or every or step % run.checkpoint_every == 0:
+                save = step % run.checkpoint_every == 0 and step != self.total_steps
+                if log or every or save or stop:
                     self.diverged.check(self.reducer, step)
                 if log:
                     if self.device.type == "cuda":  # the rate counts finished steps only
@@ -339,10 +360,21 @@ class Trainer:
                                                 self.data_wait / seconds)
                     bar.set_postfix(loss=f"{record['loss']:.3f}", epoch=done.epoch, refresh=False)
                     window_start, window_rows, self.data_wait = time.perf_counter(), 0, 0.0
+                if stop:  # a resume starts after this step: its validation is due now
+                    if every:
+                        self.validate()
+                    self._save()
+                    where = f"{self.mirror or self.run_dir}/{CHECKPOINTS}/step_{step:08d}"
+                    raise Stopped(stopped_message(stop, step, where), 128 + stop)
                 if every and step != self.total_steps:
                     self.validate()
-                if step % run.checkpoint_every == 0 and step != self.total_steps:
+                if save:
                     self._save()
+        except BaseException:  # a stop, an error: the records so far are complete
+            if self.log is not None:
+                with contextlib.suppress(OSError):  # a full disk's error is the one raised
+                    self.log.close()
+            raise
         finally:
             bar.close()
         last_val = self.validate()
@@ -465,6 +497,12 @@ def train_loop(loop_config: dict) -> dict[str, float]:
     as is in one process.
     """
     rank, world = _rank_world()
+    ray_run = loop_config.get("ray_run")  # under Ray: the run's id (train.coordination)
+    resume = loop_config.get("resume", False)
+    if ray_run is not None and coordination.is_restart(ray_run, rank):
+        resume = True  # a worker group restarted after a failure (run.max_failures)
+        if rank == 0:
+            say("the worker group was restarted: resuming from the latest checkpoint")
     if rank == 0 and "launched" in loop_config:
         took = time.time() - loop_config["launched"]
         say(f"{world} training worker(s) up in {took:.0f} s")
@@ -476,10 +514,10 @@ def train_loop(loop_config: dict) -> dict[str, float]:
         run_dir, mirror = loop_config["run_dir"], None
         if is_url(run_dir):
             mirror, run_dir = run_dir, working_copy(run_dir, rank)
-            if loop_config.get("resume"):
+            if resume:
                 pull(mirror, run_dir, metrics=rank == 0)
         trainer = Trainer(job, Path(run_dir), rank=rank, world=world, mirror=mirror)
-        if loop_config.get("resume"):
+        if resume:
             trainer.resume()
         if trainer.rank == 0:
             trainer.run_dir.mkdir(parents=True, exist_ok=True)
@@ -487,6 +525,26 @@ def train_loop(loop_config: dict) -> dict[str, float]:
             (trainer.run_dir / "config.yaml").write_text(resolved)
             for name, text in job.files.items():
                 (trainer.run_dir / name).write_text(text)
-        return trainer.fit()
+        if ray_run is None:  # this process takes the signals (stop.py)
+            request = StopRequest(job.config.run.stop_grace_s,
+                                  lambda: last_whole(mirror or trainer.run_dir))
+            with request:
+                trainer.stop_signal = lambda: request.signum
+                return trainer.fit()
+        if rank == 0:  # under Ray the driver takes them, and tells rank 0
+            trainer.stop_signal = coordination.stop_signal(ray_run)
+        try:
+            return trainer.fit()
+        except Stopped:  # the checkpoint is written: the driver says so
+            if rank == 0:
+                coordination.tell_stopped(ray_run, trainer.position.step)
+            return {}
     finally:
         torch.set_num_threads(caller_threads)
+
+
+def last_whole(run_dir: str | Path) -> str:
+    """The checkpoint a resume of the run at `run_dir` (a directory or a URL) would read, in
+    words."""
+    found = checkpoint_dirs(as_path(run_dir))
+    return str(found[-1]) if found else "none yet (a resume starts from step 0)"
