@@ -10,10 +10,11 @@ import json
 import pytest
 
 from pipeline.cli import main
+from pipeline.finetune.data import holdout_images
 
 TOY = ["world_images=60", "minival_images=4", "vqa_per_image=6", "pretrain_epochs=1",
        "vqa_epochs=1", "nlvr2_epochs=1", "vqa_batch_size=4", "nlvr2_batch_size=4", "engine=local",
-       "nlvr2_sentences_per_set=2"]
+       "nlvr2_sentences_per_set=2", "nlvr2_dev_sets=2"]
 
 
 def test_demo_writes_the_results_table_and_pictures(tmp_path, capsys):
@@ -24,13 +25,28 @@ def test_demo_writes_the_results_table_and_pictures(tmp_path, capsys):
     variants = {"pretrained", "scratch", "language_only"}
     assert set(results) == {"vqa", "nlvr2"}
     assert set(results["vqa"]) == variants and set(results["nlvr2"]) == variants
+    world = out / "world"
+    minival = {int(k.removeprefix("coco-")) for k in holdout_images(out / "corpus")}
+    questions = json.loads((world / "vqa" / "v2_OpenEnded_mscoco_val2014_questions.json")
+                           .read_text())["questions"]
+    asked = sum(q["image_id"] in minival for q in questions)
+    statements = sum(1 for _ in (world / "nlvr2" / "dev.json").open())
+    assert statements == 2 * 4 * 2  # nlvr2_dev_sets=2 sets of 4 pairs, 2 sentences each
     for variant in variants:
-        assert 0.0 <= results["vqa"][variant] <= 100.0
-        assert set(results["nlvr2"][variant]) == {"accuracy", "consistency"}
+        vqa, nlvr2 = results["vqa"][variant], results["nlvr2"][variant]
+        assert set(vqa) == {"accuracy", "accuracy_se", "questions"}
+        assert 0.0 <= vqa["accuracy"] <= 100.0 and vqa["questions"] == asked
+        p = vqa["accuracy"] / 100
+        assert vqa["accuracy_se"] == pytest.approx(100 * (p * (1 - p) / asked) ** 0.5)
+        assert set(nlvr2) == {"accuracy", "accuracy_se", "consistency", "consistency_se",
+                              "statements", "sentences"}
+        assert (nlvr2["statements"], nlvr2["sentences"]) == (statements, statements // 4)
+        p = nlvr2["accuracy"] / 100
+        assert nlvr2["accuracy_se"] == pytest.approx(100 * (p * (1 - p) / statements) ** 0.5)
     assert (out / "pictures" / "boxes.png").is_file()
     assert (out / "pictures" / "attention.png").is_file()
     printed = capsys.readouterr().out
-    assert "[8/8] results" in printed and "language_only" in printed
+    assert "[8/8] results" in printed and "language_only" in printed and " +- " in printed
     for log in (out / "runs").glob("*/train.log"):  # the bars are lines there, not redraws
         text = log.read_text()
         assert "\r" not in text and "100%" in text, log

@@ -44,7 +44,8 @@ DESCRIPTION = (
     "trained with the transformer or frozen, on questions about material) and `pipeline demo "
     "grounding` (which attention heads of a pretrained VisualBERT ground the captions' entities "
     "in the image); `pipeline demo data-efficiency` (VQA on 5-100% of its questions, from a "
-    "pretraining that reads the image against scratch)."
+    "pretraining that reads the image against scratch); `pipeline demo relations` (probes of "
+    "the relation questions, on a finished demo's output)."
 )
 def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> list[Path]:
     """boxes.png and attention.png of the first held-out VQA colour question."""
@@ -62,16 +63,21 @@ def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> li
 
 
 def format_results(results: dict) -> str:
-    lines = [
-        "                      VQA acc   NLVR2 acc   NLVR2 cons",
-        *(
-            f"  {variant:<18}{results['vqa'][variant]:8.2f}"
-            f"{results['nlvr2'][variant]['accuracy']:12.2f}"
-            f"{results['nlvr2'][variant]['consistency']:13.2f}"
-            for variant in VARIANTS
-        ),
-    ]
-    return "\n".join(lines)
+    """The table: each score with its standard error (score +- SE, in points) and, below it, the
+    evaluation sets' sizes."""
+    vqa, nlvr2 = results["vqa"], results["nlvr2"]
+
+    def cell(scores: dict, name: str) -> str:
+        return f"{scores[name]:6.2f} +- {scores[name + '_se']:4.2f}"
+
+    first = nlvr2[VARIANTS[0]]
+    return "\n".join([
+        "                      VQA acc          NLVR2 acc        NLVR2 cons",
+        *(f"  {v:<18}{cell(vqa[v], 'accuracy')}   {cell(nlvr2[v], 'accuracy')}"
+          f"   {cell(nlvr2[v], 'consistency')}" for v in VARIANTS),
+        f"  (+- one standard error; {vqa[VARIANTS[0]]['questions']} minival questions, "
+        f"{first['statements']} NLVR2 dev statements in {first['sentences']} sentences)",
+    ])
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -84,11 +90,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "heads of a pretrained VisualBERT ground entities, against an untrained one "
         "(pipeline/demo/grounding.py); data-efficiency: VQA on 5-100%% of its questions, "
         "pretrained against scratch (pipeline/demo/data_efficiency.py; --out demo_out reuses the "
-        "main demo's world, shards and corpus; --set pretraining=main its pretraining too)",
+        "main demo's world, shards and corpus; --set pretraining=main its pretraining too); "
+        "relations: probes of why the main demo's relation questions fail, on its output "
+        "(pipeline/demo/relation_probes.py; --out: the main demo's, default demo_out)",
     )
     parser.add_argument("--out", help="output directory (default: demo_out, or demo_ and the "
                         "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding, "
-                        "demo_data_efficiency)")
+                        "demo_data_efficiency; relations reads the main demo's: demo_out)")
     add_config_args(parser, "world_seed=3")
 
 
@@ -122,7 +130,9 @@ def config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     if args.experiment != "main":
         experiment = EXPERIMENTS[args.experiment]()[1]
-        out = Path(args.out or f"demo_{args.experiment.replace('-', '_')}").resolve()
+        default = ("demo_out" if args.experiment in ON_THE_MAIN_DEMO
+                   else f"demo_{args.experiment.replace('-', '_')}")
+        out = Path(args.out or default).resolve()
         experiment(config(args), out)
         print(f"\nresults in {out}")
         return 0
@@ -147,6 +157,12 @@ def _data_efficiency():
     return DataEfficiencyConfig, run_data_efficiency
 
 
+def _relations():
+    from pipeline.demo.relation_probes import RelationProbesConfig, run_relation_probes
+
+    return RelationProbesConfig, run_relation_probes
+
+
 def _end_to_end():
     from pipeline.demo.ablation import AblationConfig, run_end_to_end
 
@@ -156,7 +172,10 @@ def _end_to_end():
 # The experiments besides the main demo: name -> () -> (config class, run(config, out)), imported
 # when chosen (the verb's module stays light).
 EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_end,
-               "grounding": _grounding, "data-efficiency": _data_efficiency}
+               "grounding": _grounding, "data-efficiency": _data_efficiency,
+               "relations": _relations}
+# The experiments that read a finished main demo's output rather than write their own.
+ON_THE_MAIN_DEMO = ("relations",)
 
 
 def run_main(cfg: DemoConfig, out: Path) -> int:
@@ -191,7 +210,7 @@ def run_main(cfg: DemoConfig, out: Path) -> int:
         trainings.wait()
     step("score the held-out splits with the official metrics")
     results = {
-        "vqa": {v: score("vqa", runs["vqa", v], world, corpus_dir)["accuracy"] for v in VARIANTS},
+        "vqa": {v: score("vqa", runs["vqa", v], world, corpus_dir) for v in VARIANTS},
         "nlvr2": {v: score("nlvr2", runs["nlvr2", v], world, corpus_dir) for v in VARIANTS},
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
