@@ -10,7 +10,9 @@ import json
 import pytest
 
 from pipeline.cli import main
-from pipeline.finetune.data import holdout_images
+from pipeline.demo.relation_probes import ablated_accuracy
+from pipeline.finetune.data import holdout_images, subset_examples
+from shards.store import FeatureStore
 
 TOY = ["world_images=60", "minival_images=4", "vqa_per_image=6", "pretrain_epochs=1",
        "vqa_epochs=1", "nlvr2_epochs=1", "vqa_batch_size=4", "nlvr2_batch_size=4", "engine=local",
@@ -45,17 +47,40 @@ def test_demo_writes_the_results_table_and_pictures(tmp_path, capsys):
         assert nlvr2["accuracy_se"] == pytest.approx(100 * (p * (1 - p) / statements) ** 0.5)
     assert (out / "pictures" / "boxes.png").is_file()
     assert (out / "pictures" / "attention.png").is_file()
+    # The relation probes' path through the model: as extracted, the demo's own predictions;
+    # the language-only run reads zeroed boxes already, so zeroing them changes nothing.
+    examples = [e for e in subset_examples("vqa", world / "vqa", "val2014", labelled=True)
+                if int(e.images[0].removeprefix("coco-")) in minival]
+    pretrained, blind = out / "runs" / "vqa_pretrained", out / "runs" / "vqa_language_only"
+    answered = json.loads((pretrained / "minival_predictions.json").read_text())
+    predicted = {row["question_id"]: row["answer"] for row in answered}
+    right = sum(predicted[int(e.id)] == e.top_answer for e in examples)
+    store = FeatureStore(out / "features" / "coco")
+    assert ablated_accuracy(pretrained, examples, store, "as extracted", 0) == pytest.approx(
+        100 * right / len(examples))
+    assert (ablated_accuracy(blind, examples, store, "boxes zeroed", 0)
+            == ablated_accuracy(blind, examples, store, "as extracted", 0))
     printed = capsys.readouterr().out
     assert "[8/8] results" in printed and "language_only" in printed and " +- " in printed
     for log in (out / "runs").glob("*/train.log"):  # the bars are lines there, not redraws
         text = log.read_text()
         assert "\r" not in text and "100%" in text, log
 
-    assert main(args) == 0  # everything reused: no step trains again
+    # Seed 0's steps reused (nothing of them trains again), seed 1's trained beside them.
+    assert main(args + ["--seeds", "2"]) == 0
     again = capsys.readouterr().out
     assert "generated already" in again and "built already" in again
-    assert again.count("trained already") == 7
+    assert again.count("trained already") == 7 and "(seed 1)" in again
     assert json.loads((out / "results.json").read_text()) == results
+    assert "seed: 1" in (out / "runs_seed1" / "vqa_pretrained" / "config.yaml").read_text()
+    seeds = json.loads((out / "results_seeds.json").read_text())
+    other = json.loads((out / "results_seed1.json").read_text())
+    assert seeds["seeds"] == [results, other]
+    both = [results["vqa"]["pretrained"]["accuracy"], other["vqa"]["pretrained"]["accuracy"]]
+    assert seeds["mean"]["vqa accuracy pretrained"] == pytest.approx(sum(both) / 2)
+    spread = abs(both[0] - both[1]) / 2 ** 0.5  # the n - 1 standard deviation of two values
+    assert seeds["std"]["vqa accuracy pretrained"] == pytest.approx(spread)
+    assert "over 2 seeds" in again
 
 
 @pytest.mark.slow

@@ -81,7 +81,8 @@ def relation_questions(examples, scenes: dict) -> list[RelationQuestion]:
         if match is None:
             continue
         scene = scenes[example.images[0]]
-        named = {noun_phrase(spec): obj for obj in scene.objects for spec in unique_specs(scene, obj)}
+        named = {noun_phrase(spec): obj
+                 for obj in scene.objects for spec in unique_specs(scene, obj)}
         a, b = named[match["a"].lower()], named[match["b"].lower()]
         relation = RELATION_OF[match["rel"].lower()]
         holds = RELATIONS[relation](a, b)
@@ -233,9 +234,9 @@ def format_probes(results: dict, run: str) -> str:
     counts = results["questions"]
     lines = [
         f"yes/no relation questions: {counts['train']} training, {counts['minival']} minival",
-        f"  probe on the true boxes (minival accuracy):        {results['ground_truth_boxes']:6.2f}",
-        f"  probe on the matched detector regions:            {results['detector_regions']:6.2f}",
-        f"  referred objects with a region at IoU >= 0.5:     "
+        f"  probe on the true boxes (minival accuracy):       {results['ground_truth_boxes']:6.2f}",
+        f"  probe on the matched detector regions:           {results['detector_regions']:6.2f}",
+        f"  referred objects with a region at IoU >= 0.5:    "
         f"{results['referred_objects_with_a_region_at_iou_0.5']:6.2f}"
         f"  (mean best IoU {results['mean_best_iou']:.3f})",
         f"{run}, accuracy (%) by what the model reads:",

@@ -143,8 +143,8 @@ class WorldConfig:
     nlvr2_sentences_per_set: NLVR2 sentences written for each set of four pairs (every one is
     an item with each pair). nlvr2_dev_sets: sets of four pairs in NLVR2's dev split (0: 15% of
     the sets, as test1); more leave the train split and the dev split's first sets as they were
-    (a larger evaluation set, the same training). cc3m_failed_fraction: share of the CC3M urls that fail to download
-    (at least one).
+    (a larger evaluation set, the same training). cc3m_failed_fraction: share of the CC3M urls
+    that fail to download (at least one).
     cc3m_samples_per_shard: CC3M urls per img2dataset shard (.tar, .parquet, _stats.json).
     jpeg_quality: quality (1..95) of every JPEG written: COCO / Visual Genome, VCR, Flickr30K
     and CC3M images (NLVR2's are PNG).
