@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pipeline.cli import main
 from pipeline.demo.relation_probes import (
     iou,
     matched_regions,
@@ -89,3 +90,9 @@ def test_the_probe_learns_left_of_from_boxes_and_not_from_noise():
     noise = rng.uniform(0, 1, 600) < 0.5
     assert probe_accuracy(x[:400], noise[:400], x[400:], noise[400:], steps=600, hidden=32,
                           seed=0) <= 65.0
+
+
+def test_probing_where_no_demo_ran_says_what_to_run(tmp_path, capsys):
+    assert main(["demo", "relations", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'world' / 'world.json'}: not found; run `pipeline demo --out" in err

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from pipeline.common.arguments import add_config_args
-from pipeline.common.config import resolve
+from pipeline.common.config import ConfigError, resolve
 from pipeline.demo.main_inputs import prepare_demo, score
 from pipeline.demo.recipe import VARIANTS, DemoConfig, finetune_config, pretrain_config
 from pipeline.demo.trainings import Steps, Trainings
@@ -135,7 +135,7 @@ def config(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     if args.experiment != "main":
         if args.seeds != 1:
-            raise SystemExit("pipeline demo: --seeds is the main demo's (pipeline demo --seeds N)")
+            raise ConfigError("--seeds is the main demo's (pipeline demo --seeds N)")
         experiment = EXPERIMENTS[args.experiment]()[1]
         default = ("demo_out" if args.experiment in ON_THE_MAIN_DEMO
                    else f"demo_{args.experiment.replace('-', '_')}")
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nresults in {out}")
         return 0
     if args.seeds < 1:
-        raise SystemExit(f"pipeline demo: --seeds must be >= 1, got {args.seeds}")
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     return run_main(config(args), Path(args.out or "demo_out").resolve(), seeds=args.seeds)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.common.config import ConfigError
 from pipeline.world.language.describe import RELATION_WORDS, noun_phrase, unique_specs
 from pipeline.world.scene import RELATIONS
 
@@ -186,7 +187,7 @@ def run_relation_probes(cfg: RelationProbesConfig, out: Path) -> dict:
     world, run_dir = out / "world", out / "runs" / cfg.run
     for needed in (world / "world.json", out / "features" / "coco", run_dir / "config.yaml"):
         if not needed.exists():
-            raise FileNotFoundError(f"{needed}: not found; run `pipeline demo --out {out}` first")
+            raise ConfigError(f"{needed}: not found; run `pipeline demo --out {out}` first")
     scenes = world_scenes(world)
     held = holdout_images(out / "corpus")
     train = subset_examples("vqa", world / "vqa", "train2014", labelled=True)
@@ -194,6 +195,10 @@ def run_relation_probes(cfg: RelationProbesConfig, out: Path) -> dict:
                if e.images[0] in held]
     splits = {"train": relation_questions(train, scenes),
               "minival": relation_questions(minival, scenes)}
+    empty = [split for split, questions in splits.items() if not questions]
+    if empty:
+        raise ConfigError(f"{world / 'vqa'}: no yes/no relation question in {empty[0]} (a world "
+                          "too small to probe)")
     store = FeatureStore(out / "features" / "coco")
     labels = {s: np.array([q.holds for q in qs]) for s, qs in splits.items()}
 
