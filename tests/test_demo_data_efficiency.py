@@ -17,7 +17,8 @@ from pipeline.demo.data_efficiency import DataEfficiencyConfig, run_data_efficie
 
 TOY = ["world_images=60", "minival_images=4", "vqa_per_image=6", "pretrain_epochs=1",
        "vqa_epochs=1", "nlvr2_epochs=1", "vqa_batch_size=4", "nlvr2_batch_size=4", "engine=local",
-       "nlvr2_sentences_per_set=2", "max_epochs=1", "fractions=[0.5,1]", "looking_epochs=1"]
+       "nlvr2_sentences_per_set=2", "nlvr2_dev_sets=2", "max_epochs=1", "fractions=[0.5,1]",
+       "looking_epochs=1"]
 
 
 def _training_examples(run) -> int:
@@ -30,7 +31,12 @@ def test_each_share_trains_on_its_questions_and_the_curve_is_written(tmp_path, c
                  *[a for s in TOY for a in ("--set", s)]]) == 0
     results = json.loads((out / "data_efficiency.json").read_text())
     assert list(results) == ["50%", "100%"]
-    assert all(set(row) == {"pretrained", "scratch"} for row in results.values())
+    keys = {"pretrained", "scratch", "pretrained_se", "scratch_se", "gain", "gain_se"}
+    assert all(set(row) == keys for row in results.values())
+    for row in results.values():  # the gain's standard error, by hand from the two
+        assert row["gain"] == pytest.approx(row["pretrained"] - row["scratch"])
+        assert row["gain_se"] == pytest.approx(
+            (row["pretrained_se"] ** 2 + row["scratch_se"] ** 2) ** 0.5)
     assert (out / "data_efficiency.png").stat().st_size > 10_000
     runs = out / "runs" / "looking"
     vocabulary = (out / "vocabulary" / "vocab.txt").read_text().split()
@@ -60,14 +66,32 @@ def test_an_unknown_pretraining_is_refused(tmp_path, capsys):
     assert not (tmp_path / "d").exists()
 
 
+@pytest.fixture(scope="module")
+def full_curve(tmp_path_factory) -> dict:
+    """The full-size experiment's data_efficiency.json, run once for the tests below."""
+    return run_data_efficiency(DataEfficiencyConfig(), tmp_path_factory.mktemp("curve") / "demo")
+
+
 @pytest.mark.slow
-def test_the_full_curve(tmp_path):
+def test_the_full_curve(full_curve):
     """What it measured (docs/demo.md, the pretraining that reads the image): pretrained / scratch
-    63.81 / 56.15 at 5%, 70.88 / 65.88 at 10%, 79.57 / 77.23 at 25%, 86.19 / 86.98 at 100%. Asserted: both curves rise, and pretraining is worth >= 3 points at 10% of the
-    questions (the main demo's pretraining, which does not read the image, gave -0.02)."""
-    results = run_data_efficiency(DataEfficiencyConfig(), tmp_path / "demo")
+    63.81 / 56.15 at 5%, 70.88 / 65.88 at 10%, 79.57 / 77.23 at 25%, 86.19 / 86.98 at 100%.
+    Asserted: both curves rise, and pretraining is worth >= 3 points at 10% of the questions (the
+    main demo's pretraining, which does not read the image, gave -0.02)."""
+    results = full_curve
     assert list(results) == ["5%", "10%", "25%", "100%"]
     for variant in ("pretrained", "scratch"):
         curve = [row[variant] for row in results.values()]
         assert curve == sorted(curve) and curve[-1] - curve[0] >= 20
     assert results["10%"]["pretrained"] - results["10%"]["scratch"] >= 3
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="issue 64: not measured to hold (the AMD VM gave +3.37 at 10%, one "
+                   "seed; docs/demo.md)", strict=False)
+def test_pretraining_is_worth_5_points_at_5_and_10_percent_by_two_standard_errors(full_curve):
+    """Issue 64's target: pretrained - scratch >= 5 at 5% and at 10% of the questions, by two
+    standard errors of the difference."""
+    for share in ("5%", "10%"):
+        row = full_curve[share]
+        assert row["gain"] - 2 * row["gain_se"] >= 5.0, (share, row)

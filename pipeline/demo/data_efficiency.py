@@ -71,16 +71,33 @@ def epochs_for(cfg: DataEfficiencyConfig, fraction: float) -> int:
 
 
 def format_curve(results: dict) -> str:
-    lines = ["  share of questions   " + "".join(f"{v:>12}" for v in CURVE_VARIANTS) + "   gain"]
+    """Each share's accuracies and the gain, each +- one standard error."""
+    lines = ["  share of questions   " + "".join(f"{v:>18}" for v in CURVE_VARIANTS)
+             + "             gain"]
     for share, row in results.items():
-        gain = row["pretrained"] - row["scratch"]
-        lines.append(f"  {share:>18}   " + "".join(f"{row[v]:12.2f}" for v in CURVE_VARIANTS)
-                     + f"  {gain:+6.2f}")
+        lines.append(f"  {share:>18}   "
+                     + "".join(f"{row[v]:10.2f} +- {row[v + '_se']:4.2f}" for v in CURVE_VARIANTS)
+                     + f"  {row['gain']:+6.2f} +- {row['gain_se']:4.2f}")
     return "\n".join(lines)
 
 
+def curve_row(scores: dict) -> dict:
+    """A share's row of data_efficiency.json from each start's `score`: the accuracies, their
+    standard errors, the gain (pretrained - scratch) and its standard error, sqrt(SE1^2 + SE2^2):
+    that of two independent sets, an upper bound here, where both starts answer the same
+    questions and their errors correlate."""
+    row = {}
+    for variant in CURVE_VARIANTS:
+        row[variant] = scores[variant]["accuracy"]
+        row[variant + "_se"] = scores[variant]["accuracy_se"]
+    row["gain"] = row["pretrained"] - row["scratch"]
+    row["gain_se"] = (row["pretrained_se"] ** 2 + row["scratch_se"] ** 2) ** 0.5
+    return row
+
+
 def draw_curve(results: dict, path: Path) -> Path:
-    """VQA accuracy against the share of training questions, one line per start."""
+    """VQA accuracy against the share of training questions, one line per start, with bars of
+    one standard error."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,12 +106,13 @@ def draw_curve(results: dict, path: Path) -> Path:
     shares = [float(s.rstrip("%")) for s in results]
     fig, ax = plt.subplots(figsize=(6, 4))
     for variant in CURVE_VARIANTS:
-        ax.plot(shares, [row[variant] for row in results.values()], marker="o",
-                label=f"{variant} LXMERT")
+        ax.errorbar(shares, [row[variant] for row in results.values()],
+                    yerr=[row[variant + "_se"] for row in results.values()], marker="o",
+                    capsize=3, label=f"{variant} LXMERT")
     ax.set_xscale("log")
     ax.set_xticks(shares, [f"{s:g}%" for s in shares])
     ax.set_xlabel("share of VQA's training questions")
-    ax.set_ylabel("VQA accuracy on held-out minival (%)")
+    ax.set_ylabel("VQA accuracy on held-out minival (%), +- 1 SE")
     ax.set_title("what pretraining is worth, by task data")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -116,7 +134,7 @@ def own_vocabulary(corpus: Path, out: Path) -> Path:
 
 
 def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path) -> dict:
-    """The experiment (module docstring) under `out`; returns {share: {variant: accuracy}}."""
+    """The experiment (module docstring) under `out`; returns {share: curve_row}."""
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
@@ -155,10 +173,10 @@ def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path) -> dict:
         trainings.wait()
     step("score the held-out minival questions")
     results = {
-        f"{fraction * 100:g}%": {
-            v: score("vqa", runs[v, fraction], prepared.world, prepared.corpus)["accuracy"]
+        f"{fraction * 100:g}%": curve_row({
+            v: score("vqa", runs[v, fraction], prepared.world, prepared.corpus)
             for v in CURVE_VARIANTS
-        }
+        })
         for fraction in sorted(cfg.fractions)
     }
     (out / "data_efficiency.json").write_text(json.dumps(results, indent=2) + "\n")

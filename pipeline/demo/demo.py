@@ -19,15 +19,16 @@ Every step keeps its output under --out and is skipped (or resumed) when run aga
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import sys
 from pathlib import Path
 
 from pipeline.common.arguments import add_config_args
-from pipeline.common.config import resolve
+from pipeline.common.config import ConfigError, resolve
 from pipeline.demo.main_inputs import prepare_demo, score
-from pipeline.demo.recipe import VARIANTS, DemoConfig, finetune_config
+from pipeline.demo.recipe import VARIANTS, DemoConfig, finetune_config, pretrain_config
 from pipeline.demo.trainings import Steps, Trainings
 
 HELP = "the whole pipeline learning on a laptop: world -> features -> LXMERT -> VQA, NLVR2, ..."
@@ -44,7 +45,8 @@ DESCRIPTION = (
     "trained with the transformer or frozen, on questions about material) and `pipeline demo "
     "grounding` (which attention heads of a pretrained VisualBERT ground the captions' entities "
     "in the image); `pipeline demo data-efficiency` (VQA on 5-100% of its questions, from a "
-    "pretraining that reads the image against scratch)."
+    "pretraining that reads the image against scratch); `pipeline demo relations` (probes of "
+    "the relation questions, on a finished demo's output)."
 )
 def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> list[Path]:
     """boxes.png and attention.png of the first held-out VQA colour question."""
@@ -62,16 +64,21 @@ def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> li
 
 
 def format_results(results: dict) -> str:
-    lines = [
-        "                      VQA acc   NLVR2 acc   NLVR2 cons",
-        *(
-            f"  {variant:<18}{results['vqa'][variant]:8.2f}"
-            f"{results['nlvr2'][variant]['accuracy']:12.2f}"
-            f"{results['nlvr2'][variant]['consistency']:13.2f}"
-            for variant in VARIANTS
-        ),
-    ]
-    return "\n".join(lines)
+    """The table: each score with its standard error (score +- SE, in points) and, below it, the
+    evaluation sets' sizes."""
+    vqa, nlvr2 = results["vqa"], results["nlvr2"]
+
+    def cell(scores: dict, name: str) -> str:
+        return f"{scores[name]:6.2f} +- {scores[name + '_se']:4.2f}"
+
+    first = nlvr2[VARIANTS[0]]
+    return "\n".join([
+        "                      VQA acc          NLVR2 acc        NLVR2 cons",
+        *(f"  {v:<18}{cell(vqa[v], 'accuracy')}   {cell(nlvr2[v], 'accuracy')}"
+          f"   {cell(nlvr2[v], 'consistency')}" for v in VARIANTS),
+        f"  (+- one standard error; {vqa[VARIANTS[0]]['questions']} minival questions, "
+        f"{first['statements']} NLVR2 dev statements in {first['sentences']} sentences)",
+    ])
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -84,11 +91,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "heads of a pretrained VisualBERT ground entities, against an untrained one "
         "(pipeline/demo/grounding.py); data-efficiency: VQA on 5-100%% of its questions, "
         "pretrained against scratch (pipeline/demo/data_efficiency.py; --out demo_out reuses the "
-        "main demo's world, shards and corpus; --set pretraining=main its pretraining too)",
+        "main demo's world, shards and corpus; --set pretraining=main its pretraining too); "
+        "relations: probes of why the main demo's relation questions fail, on its output "
+        "(pipeline/demo/relation_probes.py; --out: the main demo's, default demo_out)",
     )
     parser.add_argument("--out", help="output directory (default: demo_out, or demo_ and the "
                         "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding, "
-                        "demo_data_efficiency)")
+                        "demo_data_efficiency; relations reads the main demo's: demo_out)")
+    parser.add_argument("--seeds", type=int, default=1, metavar="N",
+                        help="main demo: train and score with seeds 0 .. N-1 on the same world "
+                        "and shards and print each cell's mean and spread over them (N times "
+                        "the training: ~6 minutes a seed on 2 cores; default 1)")
     add_config_args(parser, "world_seed=3")
 
 
@@ -121,12 +134,18 @@ def config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if args.experiment != "main":
+        if args.seeds != 1:
+            raise ConfigError("--seeds is the main demo's (pipeline demo --seeds N)")
         experiment = EXPERIMENTS[args.experiment]()[1]
-        out = Path(args.out or f"demo_{args.experiment.replace('-', '_')}").resolve()
+        default = ("demo_out" if args.experiment in ON_THE_MAIN_DEMO
+                   else f"demo_{args.experiment.replace('-', '_')}")
+        out = Path(args.out or default).resolve()
         experiment(config(args), out)
         print(f"\nresults in {out}")
         return 0
-    return run_main(config(args), Path(args.out or "demo_out").resolve())
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    return run_main(config(args), Path(args.out or "demo_out").resolve(), seeds=args.seeds)
 
 
 def _benchmarks():
@@ -147,6 +166,12 @@ def _data_efficiency():
     return DataEfficiencyConfig, run_data_efficiency
 
 
+def _relations():
+    from pipeline.demo.relation_probes import RelationProbesConfig, run_relation_probes
+
+    return RelationProbesConfig, run_relation_probes
+
+
 def _end_to_end():
     from pipeline.demo.ablation import AblationConfig, run_end_to_end
 
@@ -156,21 +181,50 @@ def _end_to_end():
 # The experiments besides the main demo: name -> () -> (config class, run(config, out)), imported
 # when chosen (the verb's module stays light).
 EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_end,
-               "grounding": _grounding, "data-efficiency": _data_efficiency}
+               "grounding": _grounding, "data-efficiency": _data_efficiency,
+               "relations": _relations}
+# The experiments that read a finished main demo's output rather than write their own.
+ON_THE_MAIN_DEMO = ("relations",)
 
 
-def run_main(cfg: DemoConfig, out: Path) -> int:
-    """The main demo (module docstring) under `out`."""
+def run_main(cfg: DemoConfig, out: Path, seeds: int = 1) -> int:
+    """The main demo (module docstring) under `out`; with `seeds` > 1 its trainings again with
+    seeds 1 .. seeds - 1 on the same world and shards (runs_seed<k>/; seed 0's are runs/), and the
+    table's mean and spread over the seeds (results_seeds.json)."""
+    step = Steps(4 + 3 * seeds + 1)
+    prepared = prepare_demo(cfg, out, step)
+    every = []
+    for seed in range(seeds):
+        runs = out / ("runs" if seed == 0 else f"runs_seed{seed}")
+        results = _train_and_score(dataclasses.replace(cfg, train_seed=seed), prepared, runs, step)
+        (runs.parent / ("results.json" if seed == 0 else f"results_seed{seed}.json")).write_text(
+            json.dumps(results, indent=2) + "\n")
+        every.append(results)
+    step("results")
+    print(format_results(every[0]))
+    if seeds > 1:
+        spread = seed_spread(every)
+        (out / "results_seeds.json").write_text(
+            json.dumps({"seeds": every, **spread}, indent=2) + "\n")
+        print(f"\nover {seeds} seeds (seed 0 above):\n{format_spread(spread)}")
+    pictures = _pictures(out / "runs" / "vqa_pretrained", prepared.world, prepared.corpus,
+                         prepared.coco, out / "pictures")
+    print(f"\nresults.json, pictures ({', '.join(p.name for p in pictures)}) in {out}")
+    return 0
+
+
+def _train_and_score(cfg: DemoConfig, prepared, runs_dir: Path, step: Steps) -> dict:
+    """Steps 5-7 with cfg.train_seed: the pretraining and the six fine-tunings under
+    `runs_dir`, and their held-out scores (results.json's dict)."""
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
-    step = Steps(8)
-    prepared = prepare_demo(cfg, out, step)
     world, coco, corpus_dir = prepared.world, prepared.coco, prepared.corpus
-    lxmert, pretrain_run = prepared.pretraining, prepared.pretrain_run
-    runs = {(task, variant): out / "runs" / f"{task}_{variant}"
+    lxmert, pretrain_run = pretrain_config(cfg, corpus_dir, coco), runs_dir / "pretrain"
+    runs = {(task, variant): runs_dir / f"{task}_{variant}"
             for task in ("vqa", "nlvr2") for variant in VARIANTS}
     shards = {"vqa": coco, "nlvr2": prepared.nlvr2}
+    seed = f" (seed {cfg.train_seed})" if cfg.train_seed else ""
 
     def finetune(task: str, variant: str) -> None:
         config = finetune_config(task, cfg, variant, lxmert, pretrain_run, world, corpus_dir,
@@ -179,24 +233,48 @@ def run_main(cfg: DemoConfig, out: Path) -> int:
 
     with Trainings(cfg.parallel) as trainings:
         # The from-scratch runs need no pretrained model: they train beside the pretraining.
-        step("pretrain a small LXMERT; meanwhile fine-tune VQA and NLVR2 from scratch")
+        step(f"pretrain a small LXMERT; meanwhile fine-tune VQA and NLVR2 from scratch{seed}")
         trainings.submit("pretrain", pretrain_job, lxmert, pretrain_run)
         for task in ("vqa", "nlvr2"):
             finetune(task, "scratch")
         trainings.wait("pretrain")
-        step("fine-tune VQA and NLVR2 from the pretrained model, with and without the image")
+        step(f"fine-tune VQA and NLVR2 from the pretrained model, with and without the "
+             f"image{seed}")
         for task in ("vqa", "nlvr2"):
             for variant in ("pretrained", "language_only"):
                 finetune(task, variant)
         trainings.wait()
-    step("score the held-out splits with the official metrics")
-    results = {
-        "vqa": {v: score("vqa", runs["vqa", v], world, corpus_dir)["accuracy"] for v in VARIANTS},
+    step(f"score the held-out splits with the official metrics{seed}")
+    return {
+        "vqa": {v: score("vqa", runs["vqa", v], world, corpus_dir) for v in VARIANTS},
         "nlvr2": {v: score("nlvr2", runs["nlvr2", v], world, corpus_dir) for v in VARIANTS},
     }
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    step("results")
-    print(format_results(results))
-    pictures = _pictures(runs["vqa", "pretrained"], world, corpus_dir, coco, out / "pictures")
-    print(f"\nresults.json, pictures ({', '.join(p.name for p in pictures)}) in {out}")
-    return 0
+
+
+# The table's cells: (task, score) pairs, each per variant.
+CELLS = (("vqa", "accuracy"), ("nlvr2", "accuracy"), ("nlvr2", "consistency"))
+
+
+def seed_spread(every: list[dict]) -> dict:
+    """Each cell's mean, standard deviation (n - 1) and range over the seeds' results."""
+    out: dict = {"mean": {}, "std": {}, "min": {}, "max": {}}
+    for task, name in CELLS:
+        for variant in VARIANTS:
+            values = [r[task][variant][name] for r in every]
+            mean = sum(values) / len(values)
+            var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
+            cell = f"{task} {name} {variant}"
+            out["mean"][cell], out["std"][cell] = mean, var ** 0.5
+            out["min"][cell], out["max"][cell] = min(values), max(values)
+    return out
+
+
+def format_spread(spread: dict) -> str:
+    """mean +- standard deviation [min, max] of each cell."""
+    lines = []
+    for task, name in CELLS:
+        for variant in VARIANTS:
+            cell = f"{task} {name} {variant}"
+            lines.append(f"  {cell:<34}{spread['mean'][cell]:6.2f} +- {spread['std'][cell]:4.2f}"
+                         f"  [{spread['min'][cell]:.2f}, {spread['max'][cell]:.2f}]")
+    return "\n".join(lines)

@@ -61,7 +61,11 @@ def prepare_demo(cfg: DemoConfig, out: Path, step: Steps) -> DemoInputs:
 
 
 def score(task: str, run: Path, world: Path, corpus: Path) -> dict:
-    """The official metrics of a run's predictions on the held-out split (in %)."""
+    """The official metrics of a run's predictions on the held-out split (in %), each with its
+    binomial standard error (`*_se`, in points) from the split's size: VQA's accuracy over its
+    `questions`; NLVR2's accuracy over its `statements` (rows) and consistency over its
+    `sentences`."""
+    from pipeline.evaluate.error_bars import standard_error
     from pipeline.evaluate.nlvr2 import evaluate_nlvr2
     from pipeline.evaluate.vqa import evaluate_vqa
     from pipeline.finetune.data import holdout_images
@@ -75,8 +79,15 @@ def score(task: str, run: Path, world: Path, corpus: Path) -> dict:
         vqa = world / "vqa"
         scores = evaluate_vqa(path, vqa / "v2_mscoco_val2014_annotations.json",
                               vqa / "v2_OpenEnded_mscoco_val2014_questions.json", images)
-        return {"accuracy": scores.overall}
+        return {"accuracy": scores.overall,
+                "accuracy_se": standard_error(scores.overall, scores.questions),
+                "questions": scores.questions}
     predictions = predict_subset("nlvr2", run, "dev")
     path = run / "dev_predictions.csv"
     write_submission("nlvr2", predictions, path)
-    return evaluate_nlvr2(path, world / "nlvr2" / "dev.json").as_dict()
+    scores = evaluate_nlvr2(path, world / "nlvr2" / "dev.json")
+    return {"accuracy": scores.accuracy,
+            "accuracy_se": standard_error(scores.accuracy, scores.rows),
+            "consistency": scores.consistency,
+            "consistency_se": standard_error(scores.consistency, scores.sentences),
+            "statements": scores.rows, "sentences": scores.sentences}

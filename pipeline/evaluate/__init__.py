@@ -11,5 +11,6 @@ refcoco.py   RefCOCO+ accuracy at IoU >= 0.5 as ViLBERT's and VL-BERT's code com
              pickle reader that runs no code
 flickr30k.py Flickr30K retrieval R@1/5/10, median and mean rank both ways, as SCAN's evaluation.py
              computes them
+error_bars.py the binomial standard error of a score, from the evaluation set's size
 command.py   the verb's arguments, the table it prints and the --json file it writes
 """

@@ -141,8 +141,10 @@ class WorldConfig:
     questions is asked whole or not at all).
     nlvr2_fraction / cc3m_fraction: NLVR2 pairs and CC3M urls per COCO/VG scene.
     nlvr2_sentences_per_set: NLVR2 sentences written for each set of four pairs (every one is
-    an item with each pair). cc3m_failed_fraction: share of the CC3M urls that fail to download
-    (at least one).
+    an item with each pair). nlvr2_dev_sets: sets of four pairs in NLVR2's dev split (0: 15% of
+    the sets, as test1); more leave the train split and the dev split's first sets as they were
+    (a larger evaluation set, the same training). cc3m_failed_fraction: share of the CC3M urls
+    that fail to download (at least one).
     cc3m_samples_per_shard: CC3M urls per img2dataset shard (.tar, .parquet, _stats.json).
     jpeg_quality: quality (1..95) of every JPEG written: COCO / Visual Genome, VCR, Flickr30K
     and CC3M images (NLVR2's are PNG).
@@ -167,6 +169,7 @@ class WorldConfig:
     gqa_per_image: int = 6
     nlvr2_fraction: float = 0.25
     nlvr2_sentences_per_set: int = SENTENCES_PER_SET
+    nlvr2_dev_sets: int = 0
     cc3m_fraction: float = 0.25
     cc3m_samples_per_shard: int = 64
     cc3m_failed_fraction: float = 0.08
@@ -197,6 +200,8 @@ class WorldConfig:
                      "vcr_fraction", "flickr30k_fraction"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ConfigError(f"{name} must be strictly between 0 and 1")
+        if self.nlvr2_dev_sets < 0:
+            raise ConfigError(f"nlvr2_dev_sets must be >= 0, got {self.nlvr2_dev_sets}")
         if self.cc3m_samples_per_shard < 1 or not 1 <= self.jpeg_quality <= 95:
             raise ConfigError("cc3m_samples_per_shard must be >= 1 and jpeg_quality in 1..95")
         try:
@@ -482,10 +487,12 @@ def write_flickr30k(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
 
 
 def nlvr2_set_counts(cfg: WorldConfig) -> dict[str, int]:
-    """Sets of four image pairs per NLVR2 split: ~70% train, at least one set in each split."""
+    """Sets of four image pairs per NLVR2 split: ~70% train, at least one set in each split
+    (dev: nlvr2_dev_sets when given)."""
     sets = max(3, round(cfg.images * cfg.nlvr2_fraction / PAIRS_PER_SET))
     held_out = max(1, round(sets * 0.15))
-    return {"train": sets - 2 * held_out, "dev": held_out, "test1": held_out}
+    return {"train": sets - 2 * held_out, "dev": cfg.nlvr2_dev_sets or held_out,
+            "test1": held_out}
 
 
 def write_nlvr2(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
