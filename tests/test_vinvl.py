@@ -47,7 +47,7 @@ from extractor.extractor import Extractor
 from extractor.preprocess import resize_image, resized_shape
 from extractor.selection import select_regions
 from extractor.weights import fit_checkpoint, load_detector_weights, state_dict_sha256
-from tests.vinvl_fakes import (
+from vinvl_fakes import (
     SMALL_VINVL,
     released_layout,
     save_released_layout,

@@ -15,7 +15,7 @@ import extractor
 from extractor.config import PreprocessConfig
 from pipeline.cli import main
 from shards.reader import iter_samples
-from tests.vinvl_fakes import SMALL_VINVL, save_released_layout, small_vinvl
+from vinvl_fakes import SMALL_VINVL, save_released_layout, small_vinvl
 
 # A ResNeXt-50 4x4d of VinVL's layout at stem width 16 (its file's shapes set the trunk).
 NARROW = dataclasses.replace(SMALL_VINVL, width=16, rpn_hidden=64)
