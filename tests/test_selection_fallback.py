@@ -42,7 +42,9 @@ def world_extractor(preset: str):
     return extractor
 
 
-@pytest.mark.parametrize("preset", sorted(PRESETS))
+# vinvl's detector is a ResNeXt, which the world detector's weights are not: its syncs are counted
+# in test_vinvl.py on a small ResNeXt of the released layout.
+@pytest.mark.parametrize("preset", sorted(set(PRESETS) - {"vinvl"}))
 def test_world_detector_batches_settle_every_image_with_two_syncs(preset, world_images,
                                                                   monkeypatch):
     """Batches of 1, 3 and 8 (the last of 3 holds one image): at most 2 syncs each, every image
