@@ -126,17 +126,17 @@ def read_vinvl_rows(prefix: str | os.PathLike) -> Iterator[dict[str, str]]:
         yield row
 
 
-def row_to_sample(row: dict[str, str], objects: Sequence[str], attributes: Sequence[str], *,
-                  dataset: str, split: str, preset: str, detector: dict[str, str]) -> Sample:
-    """A Sample from one image's rows; ValueError (or SchemaError) where one is malformed."""
+def row_to_sample(row: dict[str, str], object_index: dict[str, int],
+                  attr_index: dict[str, int], *, dataset: str, split: str, preset: str,
+                  detector: dict[str, str], source: str) -> Sample:
+    """A Sample from one image's rows (object_index / attr_index: the label map's names -> ids;
+    source: the feature file); ValueError (or SchemaError) where one is malformed."""
     feature, labels, hw = json.loads(row["feature"]), json.loads(row["label"]), json.loads(row["hw"])
     n = int(feature["num_boxes"])
     values = np.frombuffer(base64.b64decode(feature["features"], validate=True), "<f4")
     values = values.reshape(n, -1)
     if len(labels) != n:
         raise SchemaError(f"{len(labels)} labels for {n} boxes")
-    object_index = {name: i for i, name in enumerate(objects)}
-    attr_index = {name: i for i, name in enumerate(attributes)}
     try:
         object_ids = [object_index[label["class"]] for label in labels]
         attr_ids = [attr_index[label["attributes"][0]] for label in labels]
@@ -152,7 +152,7 @@ def row_to_sample(row: dict[str, str], objects: Sequence[str], attributes: Seque
         attr_conf=np.array([label["attr_scores"][0] for label in labels], np.float32),
         features=values[:, : values.shape[1] - BOX_VALUES].copy(),
         box_mode="adaptive", preset=preset, detector=detector,
-        params={"source": Path(row.get("source", "")).name},
+        params={"source": Path(source).name},
     )
 
 
@@ -164,9 +164,11 @@ def import_vinvl_tsv(prefix: str | os.PathLike, out_dir: str | os.PathLike,
     import_tsv: a restart skips finished shards; a bad row is a recorded failure)."""
     detector = detector or {"name": "vinvl", "config_hash": "unknown", "weights_hash": "unknown"}
     source = str(tsv_paths(prefix)["feature"])
+    object_index = {name: i for i, name in enumerate(objects)}
+    attr_index = {name: i for i, name in enumerate(attributes)}
 
     def to_sample(row: dict[str, str]) -> Sample:
-        return row_to_sample({**row, "source": source}, objects, attributes, dataset=dataset,
-                             split=split, preset=preset, detector=detector)
+        return row_to_sample(row, object_index, attr_index, dataset=dataset, split=split,
+                             preset=preset, detector=detector, source=source)
 
     return write_rows(read_vinvl_rows(prefix), out_dir, source, shard_size, to_sample)
