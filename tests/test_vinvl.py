@@ -265,7 +265,9 @@ def test_matches_the_authors_code_in_one_batch(vinvl_extractor):
 @pytest.mark.slow
 def test_matches_the_authors_code_resized(vinvl_extractor):
     """astronaut, resized 512 -> 300: 79 regions reach 0.2."""
-    _check_regions(vinvl_extractor([_prepared(vinvl_extractor, "astronaut")])[0], "astronaut")
+    regions = vinvl_extractor([_prepared(vinvl_extractor, "astronaut")])[0]
+    assert regions.num_boxes == 79
+    _check_regions(regions, "astronaut")
 
 
 @pytest.mark.slow
@@ -277,5 +279,6 @@ def test_matches_the_authors_code_at_the_presets_sizes():
     ext = Extractor(cfg, small_vinvl(0))
     names = ["astronaut", "coffee"]
     found = ext([_prepared(ext, name, REFERENCE_PRESET_SIZES) for name in names])
+    assert [regions.num_boxes for regions in found] == [42, 11]
     for regions, name in zip(found, names):
         _check_regions(regions, name, REFERENCE_PRESET_SIZES)
