@@ -87,8 +87,9 @@ USER_ERRORS: dict[type[Exception], str] = {
     ParserUnavailable: "parser error",
     StorageError: "storage error",
 }
-# A file the user named in a place this process may not write (or read), e.g. a read-only --out.
-DENIED = (errno.EACCES, errno.EPERM, errno.EROFS)
+# A file the user named in a place this process may not write (or read), e.g. a read-only --out,
+# or that does not exist (a mistyped input folder or file).
+FILE_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR)
 
 DESCRIPTION = """\
 The open pipeline for vision-and-language pretraining: raw images in, bottom-up-attention region
@@ -199,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pipeline: no space left on device: {err.filename}; free some"
                   f"{', then ' + hint if hint else ''}", file=sys.stderr)
             return 2
-        if err.errno in DENIED:
+        if err.errno in FILE_ERRNOS:
             where = f"{err.filename}: {err.strerror}" if err.filename else err  # pyarrow's has none
             print(f"pipeline: file error: {where}", file=sys.stderr)
             return 2

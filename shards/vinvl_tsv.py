@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -99,6 +100,15 @@ def export_vinvl_tsv(shards_dir: str | os.PathLike, prefix: str | os.PathLike,
     return count
 
 
+def existing_paths(prefix: str | os.PathLike) -> dict[str, Path]:
+    """tsv_paths(prefix); FileNotFoundError naming the first that is not there."""
+    paths = tsv_paths(prefix)
+    for path in paths.values():
+        if not path.is_file():
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    return paths
+
+
 def _rows(path: Path) -> Iterator[tuple[str, str]]:
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -110,10 +120,7 @@ def _rows(path: Path) -> Iterator[tuple[str, str]]:
 def read_vinvl_rows(prefix: str | os.PathLike) -> Iterator[dict[str, str]]:
     """{"key", "feature", "label", "hw"} per image of the three TSVs at `prefix`; SchemaError
     naming the file and line where a file ends early or its key is not the feature file's."""
-    paths = tsv_paths(prefix)
-    for kind, path in paths.items():
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist (the {kind} TSV of {prefix})")
+    paths = existing_paths(prefix)
     readers = {kind: _rows(path) for kind, path in paths.items()}
     for line, (key, feature) in enumerate(readers["feature"], 1):
         row = {"key": key, "feature": feature}
@@ -163,7 +170,7 @@ def import_vinvl_tsv(prefix: str | os.PathLike, out_dir: str | os.PathLike,
     """The three TSVs at `prefix` into shards `{out_dir}/{index:05d}.tar` (as shards.tsv's
     import_tsv: a restart skips finished shards; a bad row is a recorded failure)."""
     detector = detector or {"name": "vinvl", "config_hash": "unknown", "weights_hash": "unknown"}
-    source = str(tsv_paths(prefix)["feature"])
+    source = str(existing_paths(prefix)["feature"])  # before anything is written
     object_index = {name: i for i, name in enumerate(objects)}
     attr_index = {name: i for i, name in enumerate(attributes)}
 

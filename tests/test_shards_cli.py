@@ -58,3 +58,22 @@ def test_import_config_rejects_unknown_keys(tmp_path, capsys):
     code = main(["shards", "import-tsv", str(tsv), "--out", str(tmp_path / "o"), "--dataset",
                  "coco", "--set", "features_dtyp=float16"])
     assert code == 2 and "did you mean 'features_dtype'" in capsys.readouterr().err
+
+
+def test_a_missing_input_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """A shard folder or TSV prefix that does not exist: `pipeline: file error: PATH: ...`, exit
+    2, no output made (before, a traceback)."""
+    labelmap = tmp_path / "labelmap.json"
+    labelmap.write_text('{"label_to_idx": {"ball": 1}, "attribute_to_idx": {"red": 1}}')
+    missing = tmp_path / "missing"
+    runs = [["shards", "export-tsv", str(missing), "--out", str(tmp_path / "out.tsv")],
+            ["shards", "export-vinvl-tsv", str(missing), "--out", str(tmp_path / "out"),
+             "--labelmap", str(labelmap)],
+            ["shards", "import-vinvl-tsv", str(missing), "--out", str(tmp_path / "shards"),
+             "--dataset", "coco", "--labelmap", str(labelmap)]]
+    for argv, named in zip(runs, [missing, missing, f"{missing}.feature.tsv"]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        error = capsys.readouterr().err
+        assert error == f"pipeline: file error: {named}: No such file or directory\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["labelmap.json"]
