@@ -102,6 +102,7 @@ def test_vqa_overall_is_rounded_to_two_decimals():
     # One right of three: 100 * 1 / 3 = 33.333... -> 33.33.
     scores = score_vqa({0: "a1", 1: "x", 2: "x"}, annotations)
     assert scores.overall == 33.33
+    assert scores.per_question == {0: 1.0, 1: 0.0, 2: 0.0}  # unrounded, per question id
 
 
 # --- VQA: files and the verb -------------------------------------------------------------------
@@ -273,6 +274,9 @@ def test_nlvr2_accuracy_and_consistency(tmp_path):
     # dev-1--1 (dev-1-1-1 wrong), dev-2--0 (dev-2-0-0 wrong) -> 1/3. dev-9-0-0 is not labelled.
     assert json.loads(out.read_text()) == pytest.approx(
         {"accuracy": 75.0, "consistency": 100 / 3})
+    scores = evaluate_nlvr2(predictions, labels)
+    assert {k for k, right in scores.per_row.items() if not right} == {"dev-1-1-1", "dev-2-0-0"}
+    assert len(scores.per_row) == 8
 
 
 def test_nlvr2_errors_name_the_file(tmp_path, capsys):

@@ -82,16 +82,18 @@ def format_curve(results: dict) -> str:
 
 
 def curve_row(scores: dict) -> dict:
-    """A share's row of data_efficiency.json from each start's `score`: the accuracies, their
-    standard errors, the gain (pretrained - scratch) and its standard error, sqrt(SE1^2 + SE2^2):
-    that of two independent sets, an upper bound here, where both starts answer the same
-    questions and their errors correlate."""
+    """A share's row of data_efficiency.json from each start's `score` (its metrics and its items'
+    accuracies): the accuracies, their standard errors, the gain (pretrained - scratch) and its
+    standard error, paired: both starts answer the same questions, so it is that of the mean of
+    the questions' differences (error_bars.paired_difference), not sqrt(SE1^2 + SE2^2)."""
+    from pipeline.evaluate.error_bars import paired_difference
+
     row = {}
     for variant in CURVE_VARIANTS:
-        row[variant] = scores[variant]["accuracy"]
-        row[variant + "_se"] = scores[variant]["accuracy_se"]
+        row[variant] = scores[variant][0]["accuracy"]
+        row[variant + "_se"] = scores[variant][0]["accuracy_se"]
+    _, row["gain_se"] = paired_difference(scores["pretrained"][1], scores["scratch"][1])
     row["gain"] = row["pretrained"] - row["scratch"]
-    row["gain_se"] = (row["pretrained_se"] ** 2 + row["scratch_se"] ** 2) ** 0.5
     return row
 
 

@@ -63,9 +63,49 @@ def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> li
     return write_example_pictures(run, example, sample, image_bytes, out)
 
 
+# The differences results.json reports, each on the same items (so with its paired standard
+# error): (task, better, worse).
+DIFFERENCES = (("vqa", "pretrained", "scratch"), ("vqa", "pretrained", "language_only"),
+               ("nlvr2", "pretrained", "scratch"))
+# The demo's claims (issue 64), each to hold by two standard errors: (what, task, a score, or a
+# difference "better - worse", the least it must be).
+TARGETS = (("VQA pretrained >= 85", "vqa", "pretrained", 85.0),
+           ("VQA language-only >= 25 below", "vqa", "pretrained - language_only", 25.0),
+           ("NLVR2 pretrained >= 65", "nlvr2", "pretrained", 65.0),
+           ("NLVR2 pretrained >= scratch + 8", "nlvr2", "pretrained - scratch", 8.0))
+
+
+def differences(scores: dict, items: dict) -> dict:
+    """results.json's "differences": for each of DIFFERENCES, the accuracy difference in points
+    and its paired standard error, from each run's `items` ({(task, variant): item -> [0, 1]})."""
+    from pipeline.evaluate.error_bars import paired_difference
+
+    out: dict = {}
+    for task, better, worse in DIFFERENCES:
+        _, se = paired_difference(items[task, better], items[task, worse])
+        out.setdefault(task, {})[f"{better} - {worse}"] = {
+            "difference": scores[task][better]["accuracy"] - scores[task][worse]["accuracy"],
+            "difference_se": se}
+    return out
+
+
+def targets(results: dict) -> list[tuple[str, float, float, float, bool]]:
+    """Each of TARGETS: (what, the value, its standard error, the least it must be, whether
+    value - 2 SE >= that)."""
+    rows = []
+    for what, task, name, least in TARGETS:
+        if " - " in name:
+            cell = results["differences"][task][name]
+            value, se = cell["difference"], cell["difference_se"]
+        else:
+            value, se = results[task][name]["accuracy"], results[task][name]["accuracy_se"]
+        rows.append((what, value, se, least, value - 2 * se >= least))
+    return rows
+
+
 def format_results(results: dict) -> str:
     """The table: each score with its standard error (score +- SE, in points) and, below it, the
-    evaluation sets' sizes."""
+    evaluation sets' sizes, the differences with their paired standard errors and the targets."""
     vqa, nlvr2 = results["vqa"], results["nlvr2"]
 
     def cell(scores: dict, name: str) -> str:
@@ -78,6 +118,13 @@ def format_results(results: dict) -> str:
           f"   {cell(nlvr2[v], 'consistency')}" for v in VARIANTS),
         f"  (+- one standard error; {vqa[VARIANTS[0]]['questions']} minival questions, "
         f"{first['statements']} NLVR2 dev statements in {first['sentences']} sentences)",
+        "  differences (+- the paired standard error: both runs answer the same items):",
+        *(f"    {task.upper():<6}{name:<30}{d['difference']:+7.2f} +- {d['difference_se']:4.2f}"
+          for task, pairs in results["differences"].items() for name, d in pairs.items()),
+        "  targets, each by two standard errors (value - 2 SE >= the least):",
+        *(f"    {what:<34}{value:6.2f} - 2 x {se:4.2f} = {value - 2 * se:6.2f}"
+          f"  {'holds' if held else 'MISSED'} (>= {least:g})"
+          for what, value, se, least, held in targets(results)),
     ])
 
 
@@ -245,10 +292,11 @@ def _train_and_score(cfg: DemoConfig, prepared, runs_dir: Path, step: Steps) -> 
                 finetune(task, variant)
         trainings.wait()
     step(f"score the held-out splits with the official metrics{seed}")
-    return {
-        "vqa": {v: score("vqa", runs["vqa", v], world, corpus_dir) for v in VARIANTS},
-        "nlvr2": {v: score("nlvr2", runs["nlvr2", v], world, corpus_dir) for v in VARIANTS},
-    }
+    scored = {(task, v): score(task, runs[task, v], world, corpus_dir)
+              for task in ("vqa", "nlvr2") for v in VARIANTS}
+    scores = {task: {v: scored[task, v][0] for v in VARIANTS} for task in ("vqa", "nlvr2")}
+    items = {key: value[1] for key, value in scored.items()}
+    return {**scores, "differences": differences(scores, items)}
 
 
 # The table's cells: (task, score) pairs, each per variant.

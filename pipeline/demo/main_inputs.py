@@ -60,11 +60,12 @@ def prepare_demo(cfg: DemoConfig, out: Path, step: Steps) -> DemoInputs:
                       out / "runs" / "pretrain")
 
 
-def score(task: str, run: Path, world: Path, corpus: Path) -> dict:
+def score(task: str, run: Path, world: Path, corpus: Path) -> tuple[dict, dict]:
     """The official metrics of a run's predictions on the held-out split (in %), each with its
     binomial standard error (`*_se`, in points) from the split's size: VQA's accuracy over its
     `questions`; NLVR2's accuracy over its `statements` (rows) and consistency over its
-    `sentences`."""
+    `sentences`. And each item's accuracy (question id or statement -> [0, 1]), from which two
+    runs' paired difference is computed."""
     from pipeline.evaluate.error_bars import standard_error
     from pipeline.evaluate.nlvr2 import evaluate_nlvr2
     from pipeline.evaluate.vqa import evaluate_vqa
@@ -81,7 +82,7 @@ def score(task: str, run: Path, world: Path, corpus: Path) -> dict:
                               vqa / "v2_OpenEnded_mscoco_val2014_questions.json", images)
         return {"accuracy": scores.overall,
                 "accuracy_se": standard_error(scores.overall, scores.questions),
-                "questions": scores.questions}
+                "questions": scores.questions}, scores.per_question
     predictions = predict_subset("nlvr2", run, "dev")
     path = run / "dev_predictions.csv"
     write_submission("nlvr2", predictions, path)
@@ -90,4 +91,4 @@ def score(task: str, run: Path, world: Path, corpus: Path) -> dict:
             "accuracy_se": standard_error(scores.accuracy, scores.rows),
             "consistency": scores.consistency,
             "consistency_se": standard_error(scores.consistency, scores.sentences),
-            "statements": scores.rows, "sentences": scores.sentences}
+            "statements": scores.rows, "sentences": scores.sentences}, scores.per_row

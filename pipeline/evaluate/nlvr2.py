@@ -22,8 +22,8 @@ from pathlib import Path
 from pipeline.evaluate.inputs import (
     EvaluationError,
     check_coverage,
-    excerpt,
     duplicate_error,
+    excerpt,
     field,
     read_json_lines,
     read_text,
@@ -35,12 +35,14 @@ PAIR_FIELD = 2  # {split}-{set}-{pair}-{sentence}
 
 @dataclass(frozen=True)
 class NLVR2Scores:
-    """Percentages: accuracy over rows, consistency over sentences (groups of rows)."""
+    """Percentages: accuracy over rows, consistency over sentences (groups of rows). per_row:
+    each row's identifier -> 1.0 if right, 0.0 if wrong."""
 
     accuracy: float
     consistency: float
     rows: int
     sentences: int
+    per_row: dict[str, float]
 
     def as_dict(self) -> dict:
         return {"accuracy": self.accuracy, "consistency": self.consistency}
@@ -58,18 +60,19 @@ def score_nlvr2(predictions: Mapping[str, str], labels: Mapping[str, str]) -> NL
     (identifier -> label), which the predictions must cover."""
     if not labels:
         raise EvaluationError("no labelled rows to evaluate")
-    correct = 0
+    per_row: dict[str, float] = {}
     consistent: dict[str, bool] = {}
     for identifier, label in labels.items():
         right = predictions[identifier].lower() == label.lower()
-        correct += right
+        per_row[identifier] = float(right)
         key = sentence_key(identifier)
         consistent[key] = consistent.get(key, True) and right
     return NLVR2Scores(
-        accuracy=100 * correct / len(labels),
+        accuracy=100 * sum(per_row.values()) / len(labels),
         consistency=100 * sum(consistent.values()) / len(consistent),
         rows=len(labels),
         sentences=len(consistent),
+        per_row=per_row,
     )
 
 

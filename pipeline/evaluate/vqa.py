@@ -107,12 +107,14 @@ class VQAAnnotation:
 class VQAScores:
     """Accuracies in percent, rounded to 2 decimals as the official evaluator reports them.
     per_question_type / per_answer_type: keyed by the annotations' `question_type` ("what color
-    is the", ...) and `answer_type` ("yes/no", "number", "other")."""
+    is the", ...) and `answer_type` ("yes/no", "number", "other"). per_question: each question
+    id's accuracy in [0, 1], unrounded (two runs' paired difference is computed from them)."""
 
     overall: float
     per_question_type: dict[str, float]
     per_answer_type: dict[str, float]
     questions: int
+    per_question: dict[int, float]
 
     def as_dict(self) -> dict:
         """The official evaluator's `accuracy` dict."""
@@ -175,11 +177,13 @@ def score_vqa(predictions: Mapping[int, str], annotations: Sequence[VQAAnnotatio
     if not annotations:
         raise EvaluationError("no annotated questions to evaluate")
     overall: list[float] = []
+    per_question: dict[int, float] = {}
     by_question_type: dict[str, list[float]] = {}
     by_answer_type: dict[str, list[float]] = {}
     for annotation in annotations:
         accuracy = question_accuracy(predictions[annotation.question_id], annotation.answers)
         overall.append(accuracy)
+        per_question[annotation.question_id] = accuracy
         by_question_type.setdefault(annotation.question_type, []).append(accuracy)
         by_answer_type.setdefault(annotation.answer_type, []).append(accuracy)
     return VQAScores(
@@ -187,6 +191,7 @@ def score_vqa(predictions: Mapping[int, str], annotations: Sequence[VQAAnnotatio
         per_question_type={k: _percent(v) for k, v in by_question_type.items()},
         per_answer_type={k: _percent(v) for k, v in by_answer_type.items()},
         questions=len(annotations),
+        per_question=per_question,
     )
 
 
