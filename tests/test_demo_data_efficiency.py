@@ -55,10 +55,23 @@ def test_each_share_trains_on_its_questions_and_the_curve_is_written(tmp_path, c
     assert _training_examples(runs / "vqa_scratch_50pct") == round(whole / 2)
     assert _training_examples(runs / "vqa_pretrained_50pct") == round(whole / 2)
     assert "gain" in capsys.readouterr().out
-    # Run again: everything is reused.
-    assert main(["demo", "data-efficiency", "--out", str(out),
+    # Again with two seeds: seed 0's runs are reused, seed 1's train apart (runs_seed1/), and
+    # each share's gain is summarised over both.
+    assert main(["demo", "data-efficiency", "--out", str(out), "--seeds", "2",
                  *[a for s in TOY for a in ("--set", s)]]) == 0
-    assert capsys.readouterr().out.count("trained already") == 5  # pretraining and 4 runs
+    printed = capsys.readouterr().out
+    assert printed.count("trained already") == 5  # seed 0's pretraining and 4 runs
+    assert "(seed 1)" in printed and "gain over 2 seeds" in printed
+    assert json.loads((out / "data_efficiency.json").read_text()) == results
+    other = json.loads((out / "data_efficiency_seed1.json").read_text())
+    saved = yaml.safe_load((out / "runs_seed1" / "looking" / "vqa_scratch_50pct" / "config.yaml")
+                           .read_text())
+    assert saved["run"]["seed"] == 1
+    seeds = json.loads((out / "data_efficiency_seeds.json").read_text())
+    assert seeds["seeds"] == [results, other]
+    gains = [results["50%"]["gain"], other["50%"]["gain"]]
+    assert seeds["gain"]["50%"]["mean"] == pytest.approx(sum(gains) / 2)
+    assert seeds["gain"]["50%"]["std"] == pytest.approx(abs(gains[0] - gains[1]) / 2 ** 0.5)
 
 
 def test_an_unknown_pretraining_is_refused(tmp_path, capsys):

@@ -29,7 +29,14 @@ from pathlib import Path
 
 from pipeline.common.config import ConfigError
 from pipeline.demo.main_inputs import prepare_demo, score
-from pipeline.demo.recipe import DemoConfig, finetune_config, pretrain_config
+from pipeline.demo.recipe import (
+    DemoConfig,
+    finetune_config,
+    pretrain_config,
+    runs_dir,
+    seeded_name,
+    spread,
+)
 from pipeline.demo.trainings import Steps, Trainings
 
 CURVE_VARIANTS = ("pretrained", "scratch")
@@ -135,23 +142,55 @@ def own_vocabulary(corpus: Path, out: Path) -> Path:
     return out
 
 
-def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path) -> dict:
-    """The experiment (module docstring) under `out`; returns {share: curve_row}."""
-    from pipeline.finetune.job import finetune_job
-    from pipeline.pretrain.job import pretrain_job
-
-    step = Steps(8 if cfg.pretraining == "looking" else 7)
+def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path, seeds: int = 1) -> dict:
+    """The experiment (module docstring) under `out`, with train_seed cfg.train_seed (its runs
+    under runs/ for seed 0, runs_seed<k>/ for another; data_efficiency.json, or
+    data_efficiency_seed<k>.json); with `seeds` > 1 again with the next seeds, and each share's
+    gain over the seeds (data_efficiency_seeds.json). Returns the first seed's {share:
+    curve_row}."""
+    step = Steps(4 + int(cfg.pretraining == "looking") + 3 * seeds)
     prepared = prepare_demo(cfg, out, step)
-    pretraining, pretrain_run, runs_dir, tokenizer = (
-        prepared.pretraining, prepared.pretrain_run, out / "runs", "")
+    tokenizer = ""
     if cfg.pretraining == "looking":
         step("the corpus's own vocabulary")
         tokenizer = str(own_vocabulary(prepared.corpus, out / "vocabulary"))
-        runs_dir = out / "runs" / "looking"
-        pretrain_run = runs_dir / "pretrain"
+    every = []
+    for seed in range(cfg.train_seed, cfg.train_seed + seeds):
+        results = _curve(dataclasses.replace(cfg, train_seed=seed), prepared, tokenizer,
+                         runs_dir(out, seed), step)
+        name = seeded_name("data_efficiency.json", seed)
+        (out / name).write_text(json.dumps(results, indent=2) + "\n")
+        print(format_curve(results))
+        every.append(results)
+    picture = draw_curve(every[0], out / seeded_name("data_efficiency.json", cfg.train_seed)
+                         .replace(".json", ".png"))
+    if seeds > 1:
+        gains = {share: spread([r[share]["gain"] for r in every]) for share in every[0]}
+        (out / "data_efficiency_seeds.json").write_text(
+            json.dumps({"seeds": every, "gain": gains}, indent=2) + "\n")
+        print(f"\ngain over {seeds} seeds: mean +- standard deviation [range]")
+        for share, g in gains.items():
+            print(f"  {share:>6}  {g['mean']:+6.2f} +- {g['std']:4.2f}  "
+                  f"[{g['min']:+.2f}, {g['max']:+.2f}]")
+    print(f"\n{out / seeded_name('data_efficiency.json', cfg.train_seed)}, {picture}")
+    return every[0]
+
+
+def _curve(cfg: DataEfficiencyConfig, prepared, tokenizer: str, runs_root: Path,
+           step: Steps) -> dict:
+    """One seed's pretraining, fine-tunings and scores under `runs_root`: {share: curve_row}."""
+    from pipeline.finetune.job import finetune_job
+    from pipeline.pretrain.job import pretrain_job
+
+    seed = f" (seed {cfg.train_seed})" if cfg.train_seed else ""
+    pretraining = pretrain_config(cfg, prepared.corpus, prepared.coco)
+    where = runs_root
+    if cfg.pretraining == "looking":
+        where = runs_root / "looking"
         pretraining = pretrain_config(cfg, prepared.corpus, prepared.coco, [
             *LOOKING, f"data.tokenizer={tokenizer}", f"run.epochs={cfg.looking_epochs}"])
-    runs = {(v, f): runs_dir / run_name(v, f) for f in cfg.fractions for v in CURVE_VARIANTS}
+    pretrain_run = where / "pretrain"
+    runs = {(v, f): where / run_name(v, f) for f in cfg.fractions for v in CURVE_VARIANTS}
 
     def finetune(variant: str, fraction: float) -> None:
         config = finetune_config("vqa", cfg, variant, pretraining, pretrain_run,
@@ -164,25 +203,20 @@ def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path) -> dict:
                          runs[variant, fraction])
 
     with Trainings(cfg.parallel) as trainings:
-        step("pretrain a small LXMERT; meanwhile fine-tune VQA from scratch on each share")
+        step(f"pretrain a small LXMERT; meanwhile fine-tune VQA from scratch on each share{seed}")
         trainings.submit("pretrain", pretrain_job, pretraining, pretrain_run)
         for fraction in cfg.fractions:
             finetune("scratch", fraction)
         trainings.wait("pretrain")
-        step("fine-tune VQA from the pretrained model on each share")
+        step(f"fine-tune VQA from the pretrained model on each share{seed}")
         for fraction in cfg.fractions:
             finetune("pretrained", fraction)
         trainings.wait()
-    step("score the held-out minival questions")
-    results = {
+    step(f"score the held-out minival questions{seed}")
+    return {
         f"{fraction * 100:g}%": curve_row({
             v: score("vqa", runs[v, fraction], prepared.world, prepared.corpus)
             for v in CURVE_VARIANTS
         })
         for fraction in sorted(cfg.fractions)
     }
-    (out / "data_efficiency.json").write_text(json.dumps(results, indent=2) + "\n")
-    picture = draw_curve(results, out / "data_efficiency.png")
-    print(format_curve(results))
-    print(f"\n{out / 'data_efficiency.json'}, {picture}")
-    return results

@@ -28,7 +28,15 @@ from pathlib import Path
 from pipeline.common.arguments import add_config_args
 from pipeline.common.config import ConfigError, resolve
 from pipeline.demo.main_inputs import prepare_demo, score
-from pipeline.demo.recipe import VARIANTS, DemoConfig, finetune_config, pretrain_config
+from pipeline.demo.recipe import (
+    VARIANTS,
+    DemoConfig,
+    finetune_config,
+    pretrain_config,
+    runs_dir,
+    seeded_name,
+    spread,
+)
 from pipeline.demo.trainings import Steps, Trainings
 
 HELP = "the whole pipeline learning on a laptop: world -> features -> LXMERT -> VQA, NLVR2, ..."
@@ -146,9 +154,10 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "experiment's name: demo_benchmarks, demo_end_to_end, demo_grounding, "
                         "demo_data_efficiency; relations reads the main demo's: demo_out)")
     parser.add_argument("--seeds", type=int, default=1, metavar="N",
-                        help="main demo: train and score with seeds 0 .. N-1 on the same world "
-                        "and shards and print each cell's mean and spread over them (N times "
-                        "the training: ~6 minutes a seed on 2 cores; default 1)")
+                        help="main demo and data-efficiency: train and score with seeds 0 .. N-1 "
+                        "(from --set train_seed=...) on the same world and shards and print each "
+                        "cell's mean and spread over them (N times the training: ~6 minutes a "
+                        "seed on 2 cores for the main demo; default 1)")
     add_config_args(parser, "world_seed=3")
 
 
@@ -180,18 +189,19 @@ def config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     if args.experiment != "main":
-        if args.seeds != 1:
-            raise ConfigError("--seeds is the main demo's (pipeline demo --seeds N)")
+        if args.seeds != 1 and args.experiment not in SEEDED:
+            raise ConfigError("--seeds is the main demo's and data-efficiency's "
+                              "(pipeline demo --seeds N)")
         experiment = EXPERIMENTS[args.experiment]()[1]
         default = ("demo_out" if args.experiment in ON_THE_MAIN_DEMO
                    else f"demo_{args.experiment.replace('-', '_')}")
         out = Path(args.out or default).resolve()
-        experiment(config(args), out)
+        experiment(config(args), out, *([args.seeds] if args.experiment in SEEDED else []))
         print(f"\nresults in {out}")
         return 0
-    if args.seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     return run_main(config(args), Path(args.out or "demo_out").resolve(), seeds=args.seeds)
 
 
@@ -232,30 +242,32 @@ EXPERIMENTS = {"main": None, "benchmarks": _benchmarks, "end-to-end": _end_to_en
                "relations": _relations}
 # The experiments that read a finished main demo's output rather than write their own.
 ON_THE_MAIN_DEMO = ("relations",)
+# The experiments besides the main demo that take --seeds.
+SEEDED = ("data-efficiency",)
 
 
 def run_main(cfg: DemoConfig, out: Path, seeds: int = 1) -> int:
-    """The main demo (module docstring) under `out`; with `seeds` > 1 its trainings again with
-    seeds 1 .. seeds - 1 on the same world and shards (runs_seed<k>/; seed 0's are runs/), and the
-    table's mean and spread over the seeds (results_seeds.json)."""
+    """The main demo (module docstring) under `out`, with train_seed cfg.train_seed (its runs in
+    runs/ for seed 0, else runs_seed<k>/); with `seeds` > 1 its trainings again with the next
+    seeds on the same world and shards, and the table's mean and spread over the seeds
+    (results_seeds.json)."""
     step = Steps(4 + 3 * seeds + 1)
     prepared = prepare_demo(cfg, out, step)
     every = []
-    for seed in range(seeds):
-        runs = out / ("runs" if seed == 0 else f"runs_seed{seed}")
-        results = _train_and_score(dataclasses.replace(cfg, train_seed=seed), prepared, runs, step)
-        (runs.parent / ("results.json" if seed == 0 else f"results_seed{seed}.json")).write_text(
-            json.dumps(results, indent=2) + "\n")
+    for seed in range(cfg.train_seed, cfg.train_seed + seeds):
+        results = _train_and_score(dataclasses.replace(cfg, train_seed=seed), prepared,
+                                   runs_dir(out, seed), step)
+        (out / seeded_name("results.json", seed)).write_text(json.dumps(results, indent=2) + "\n")
         every.append(results)
     step("results")
     print(format_results(every[0]))
     if seeds > 1:
-        spread = seed_spread(every)
+        over = seed_spread(every)
         (out / "results_seeds.json").write_text(
-            json.dumps({"seeds": every, **spread}, indent=2) + "\n")
-        print(f"\nover {seeds} seeds (seed 0 above):\n{format_spread(spread)}")
-    pictures = _pictures(out / "runs" / "vqa_pretrained", prepared.world, prepared.corpus,
-                         prepared.coco, out / "pictures")
+            json.dumps({"seeds": every, **over}, indent=2) + "\n")
+        print(f"\nover {seeds} seeds (seed {cfg.train_seed} above):\n{format_spread(over)}")
+    pictures = _pictures(runs_dir(out, cfg.train_seed) / "vqa_pretrained", prepared.world,
+                         prepared.corpus, prepared.coco, out / "pictures")
     print(f"\nresults.json, pictures ({', '.join(p.name for p in pictures)}) in {out}")
     return 0
 
@@ -308,12 +320,9 @@ def seed_spread(every: list[dict]) -> dict:
     out: dict = {"mean": {}, "std": {}, "min": {}, "max": {}}
     for task, name in CELLS:
         for variant in VARIANTS:
-            values = [r[task][variant][name] for r in every]
-            mean = sum(values) / len(values)
-            var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
             cell = f"{task} {name} {variant}"
-            out["mean"][cell], out["std"][cell] = mean, var ** 0.5
-            out["min"][cell], out["max"][cell] = min(values), max(values)
+            for key, value in spread([r[task][variant][name] for r in every]).items():
+                out[key][cell] = value
     return out
 
 

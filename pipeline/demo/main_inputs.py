@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.config import to_dict
-from pipeline.demo.recipe import DemoConfig, pretrain_config
+from pipeline.demo.recipe import DemoConfig
 from pipeline.demo.trainings import Steps
 
 
@@ -26,15 +26,12 @@ def one_ray(engine: str):
 
 @dataclass(frozen=True)
 class DemoInputs:
-    """What the trainings start from: the world, its COCO and NLVR2 shards, the corpus, the
-    pretraining's config and run directory."""
+    """What the trainings start from: the world, its COCO and NLVR2 shards, the corpus."""
 
     world: Path
     coco: Path
     nlvr2: Path
     corpus: Path
-    pretraining: object
-    pretrain_run: Path
 
 
 def prepare_demo(cfg: DemoConfig, out: Path, step: Steps) -> DemoInputs:
@@ -56,8 +53,7 @@ def prepare_demo(cfg: DemoConfig, out: Path, step: Steps) -> DemoInputs:
         nlvr2 = extract(world, "nlvr2", out / "features" / "nlvr2", extraction, verify=True)
     step("build the pretraining corpus")
     corpus_dir = corpus(world, out / "corpus", minival_images=cfg.minival_images)
-    return DemoInputs(world, coco, nlvr2, corpus_dir, pretrain_config(cfg, corpus_dir, coco),
-                      out / "runs" / "pretrain")
+    return DemoInputs(world, coco, nlvr2, corpus_dir)
 
 
 def score(task: str, run: Path, world: Path, corpus: Path) -> tuple[dict, dict]:

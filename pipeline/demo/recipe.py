@@ -73,6 +73,25 @@ class DemoConfig:
     train_seed: int = 0
 
 
+def runs_dir(out: Path, seed: int) -> Path:
+    """Where a demo's trainings with train_seed `seed` go: out/runs for seed 0, out/runs_seed<k>
+    for another (each seed's runs apart, so that a finished run is reused only by its seed)."""
+    return out / ("runs" if seed == 0 else f"runs_seed{seed}")
+
+
+def seeded_name(name: str, seed: int) -> str:
+    """A result file's name for train_seed `seed`: "results.json" for seed 0,
+    "results_seed<k>.json" for another."""
+    return name if seed == 0 else name.replace(".json", f"_seed{seed}.json")
+
+
+def spread(values: Sequence[float]) -> dict:
+    """The mean, standard deviation (n - 1) and range of one score over seeds."""
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
+    return {"mean": mean, "std": var ** 0.5, "min": min(values), "max": max(values)}
+
+
 def pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path, changes: Sequence[str] = ()):
     """The demo's LXMERT pretraining on `corpus` and `coco`'s shards, with `changes` (`--set`
     values) applied last."""
