@@ -10,6 +10,9 @@ than the Y?" at chance, probed on a finished `pipeline demo` (its --out: world, 
 3. **the fine-tuned model**: the demo's VQA run answering the relation questions (training and
    minival) with its regions as extracted, with every box zeroed, with the boxes permuted among
    an image's regions, and with every feature zeroed: does it read the boxes?
+4. **learnability**: the demo's LXMERT trained from scratch on unlimited synthetic scenes, one
+   kind of question at a time, from one named object's position to the world's relation
+   questions (pipeline/demo/relation_learnability.py): can it learn them at all, given data?
 
 Prints the table and writes OUT/relation_probes.json; a few CPU minutes.
 """
@@ -41,12 +44,17 @@ ABLATIONS = ("as extracted", "boxes zeroed", "boxes permuted", "features zeroed"
 class RelationProbesConfig:
     """run: the demo's VQA run probed (under OUT/runs). probe_steps / probe_hidden: the probe
     classifier's full-batch Adam steps and hidden width. seed: the probe's initialisation and the
-    permutation of the boxes."""
+    permutation of the boxes. learn_steps: each learnability run's steps (batch and learning rate
+    the demo's VQA's; 0: no learnability runs), scored every learn_report_every steps;
+    parallel: learnability runs at once, one core each."""
 
     run: str = "vqa_pretrained"
     probe_steps: int = 1500
     probe_hidden: int = 64
     seed: int = 0
+    learn_steps: int = 1200
+    learn_report_every: int = 400
+    parallel: int = 2
 
 
 @dataclass(frozen=True)
@@ -222,6 +230,9 @@ def run_relation_probes(cfg: RelationProbesConfig, out: Path) -> dict:
                for split, examples in (("train", train), ("minival", minival))}
         for kind, keep in kinds.items()
     }
+    learned = {}
+    if cfg.learn_steps:
+        learned = _learnability(cfg, json.loads((out / "demo_config.json").read_text()))
     results = {
         "questions": {s: len(qs) for s, qs in splits.items()},
         "ground_truth_boxes": truth,
@@ -229,10 +240,25 @@ def run_relation_probes(cfg: RelationProbesConfig, out: Path) -> dict:
         "referred_objects_with_a_region_at_iou_0.5": 100 * float(np.mean(np.array(ious) >= 0.5)),
         "mean_best_iou": float(np.mean(ious)),
         "model": model,
+        "learnability": learned,
     }
     (out / "relation_probes.json").write_text(json.dumps(results, indent=2) + "\n")
     print(format_probes(results, cfg.run))
     return results
+
+
+def _learnability(cfg: RelationProbesConfig, demo: dict) -> dict:
+    """relation_learnability on the demo's model and palette: {kind: [[step, accuracy], ...]}."""
+    from pipeline.demo.recipe import PRETRAIN_CONFIG
+    from pipeline.demo.relation_learnability import learnability
+    from pipeline.pretrain.config import load_config
+
+    model = load_config(PRETRAIN_CONFIG, [f"model.cross_layers={demo['cross_layers']}"]).model
+    curves = learnability(model, tuple(demo["colors"]), tuple(demo["shapes"]),
+                          steps=cfg.learn_steps, batch_size=demo["vqa_batch_size"],
+                          lr=demo["vqa_lr"], seed=cfg.seed, report_every=cfg.learn_report_every,
+                          parallel=cfg.parallel)
+    return {kind: [list(point) for point in curve] for kind, curve in curves.items()}
 
 
 def format_probes(results: dict, run: str) -> str:
@@ -251,4 +277,11 @@ def format_probes(results: dict, run: str) -> str:
         for split, scores in splits.items():
             lines.append("  " + f"{kind + ', ' + split:24}"
                          + "".join(f"{scores[a]:17.2f}" for a in ABLATIONS))
+    learned = results["learnability"]
+    if learned:
+        steps = [step for step, _ in next(iter(learned.values()))]
+        lines += ["learnability: held-out accuracy (%) on fresh synthetic scenes, by training step",
+                  "  " + f"{'':24}" + "".join(f"{s:>10}" for s in steps)]
+        lines += ["  " + f"{kind:24}" + "".join(f"{a:10.2f}" for _, a in curve)
+                  for kind, curve in learned.items()]
     return "\n".join(lines)
