@@ -25,8 +25,9 @@ class DemoConfig:
     min_objects / max_objects: the fewest and the most objects in one scene.
     shapes / colors / materials: the palette objects are drawn from (one material, because the
     bundled detector does not see material: docs/results.md, "Where learning stands").
-    vqa_per_image: VQA questions asked per COCO image. nlvr2_sentences_per_set: NLVR2 statements
-    written for each set of four image pairs. nlvr2_dev_sets: NLVR2's dev sets of four pairs: 36
+    vqa_per_image: VQA questions asked per COCO image. nlvr2_fraction: NLVR2 image pairs per
+    COCO / Visual Genome scene (0.25: 26 training sets of four pairs). nlvr2_sentences_per_set:
+    NLVR2 statements written for each set of four image pairs. nlvr2_dev_sets: NLVR2's dev sets of four pairs: 36
     (1,152 statements) keep each accuracy's standard error under 1.5 points, where the world's
     own 6 (192) left it at ~3.6; the train split is the same. minival_images: COCO val images
     held out from pretraining and fine-tuning, on which VQA is scored. engine: the extraction
@@ -55,6 +56,7 @@ class DemoConfig:
     colors: tuple[str, ...] = ("red", "blue", "green", "yellow", "white")
     materials: tuple[str, ...] = ("plastic",)
     vqa_per_image: int = 30
+    nlvr2_fraction: float = 0.25
     nlvr2_sentences_per_set: int = 8
     nlvr2_dev_sets: int = 36
     minival_images: int = 40
