@@ -268,7 +268,8 @@ def run_main(cfg: DemoConfig, out: Path, seeds: int = 1) -> int:
         print(f"\nover {seeds} seeds (seed {cfg.train_seed} above):\n{format_spread(over)}")
     pictures = _pictures(runs_dir(out, cfg.train_seed) / "vqa_pretrained", prepared.world,
                          prepared.corpus, prepared.coco, out / "pictures")
-    print(f"\nresults.json, pictures ({', '.join(p.name for p in pictures)}) in {out}")
+    print(f"\n{seeded_name('results.json', cfg.train_seed)}, pictures "
+          f"({', '.join(p.name for p in pictures)}) in {out}")
     return 0
 
 
