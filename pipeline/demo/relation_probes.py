@@ -14,7 +14,8 @@ than the Y?" at chance, probed on a finished `pipeline demo` (its --out: world, 
    kind of question at a time, from one named object's position to the world's relation
    questions (pipeline/demo/relation_learnability.py): can it learn them at all, given data?
 
-Prints the table and writes OUT/relation_probes.json; a few CPU minutes.
+Prints the table and writes OUT/relation_probes.json; ~9 minutes on 2 cores (the learnability
+runs two at a time; --set learn_steps=0 leaves them out).
 """
 
 from __future__ import annotations
