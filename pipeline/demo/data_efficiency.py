@@ -158,12 +158,11 @@ def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path, seeds: int = 1) ->
     for seed in range(cfg.train_seed, cfg.train_seed + seeds):
         results = _curve(dataclasses.replace(cfg, train_seed=seed), prepared, tokenizer,
                          runs_dir(out, seed), step)
-        name = seeded_name("data_efficiency.json", seed)
-        (out / name).write_text(json.dumps(results, indent=2) + "\n")
+        (out / seeded_name("data_efficiency.json", seed)).write_text(
+            json.dumps(results, indent=2) + "\n")
         print(format_curve(results))
         every.append(results)
-    picture = draw_curve(every[0], out / seeded_name("data_efficiency.json", cfg.train_seed)
-                         .replace(".json", ".png"))
+    picture = draw_curve(every[0], out / seeded_name("data_efficiency.png", cfg.train_seed))
     if seeds > 1:
         gains = {share: spread([r[share]["gain"] for r in every]) for share in every[0]}
         (out / "data_efficiency_seeds.json").write_text(

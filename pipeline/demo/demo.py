@@ -273,15 +273,15 @@ def run_main(cfg: DemoConfig, out: Path, seeds: int = 1) -> int:
     return 0
 
 
-def _train_and_score(cfg: DemoConfig, prepared, runs_dir: Path, step: Steps) -> dict:
+def _train_and_score(cfg: DemoConfig, prepared, runs_root: Path, step: Steps) -> dict:
     """Steps 5-7 with cfg.train_seed: the pretraining and the six fine-tunings under
-    `runs_dir`, and their held-out scores (results.json's dict)."""
+    `runs_root`, and their held-out scores (results.json's dict)."""
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
     world, coco, corpus_dir = prepared.world, prepared.coco, prepared.corpus
-    lxmert, pretrain_run = pretrain_config(cfg, corpus_dir, coco), runs_dir / "pretrain"
-    runs = {(task, variant): runs_dir / f"{task}_{variant}"
+    lxmert, pretrain_run = pretrain_config(cfg, corpus_dir, coco), runs_root / "pretrain"
+    runs = {(task, variant): runs_root / f"{task}_{variant}"
             for task in ("vqa", "nlvr2") for variant in VARIANTS}
     shards = {"vqa": coco, "nlvr2": prepared.nlvr2}
     seed = f" (seed {cfg.train_seed})" if cfg.train_seed else ""

@@ -27,11 +27,11 @@ class DemoConfig:
     bundled detector does not see material: docs/results.md, "Where learning stands").
     vqa_per_image: VQA questions asked per COCO image. nlvr2_fraction: NLVR2 image pairs per
     COCO / Visual Genome scene (0.25: 26 training sets of four pairs). nlvr2_sentences_per_set:
-    NLVR2 statements written for each set of four image pairs. nlvr2_dev_sets: NLVR2's dev sets of four pairs: 36
-    (1,152 statements) keep each accuracy's standard error under 1.5 points, where the world's
-    own 6 (192) left it at ~3.6; the train split is the same. minival_images: COCO val images
-    held out from pretraining and fine-tuning, on which VQA is scored. engine: the extraction
-    engine (ray or local).
+    NLVR2 statements written for each set of four image pairs. nlvr2_dev_sets: NLVR2's dev sets
+    of four pairs: 36 (1,152 statements) keep each accuracy's standard error under 1.5 points,
+    where the world's own 6 (192) left it at ~3.6; the train split is the same. minival_images:
+    COCO val images held out from pretraining and fine-tuning, on which VQA is scored. engine:
+    the extraction engine (ray or local).
     pretrain_epochs: the LXMERT's pretraining passes over the corpus. vqa_epochs / nlvr2_epochs:
     the VQA and the NLVR2 fine-tuning's passes over their training sets. vqa_batch_size /
     nlvr2_batch_size: fine-tuning examples per step (VQA's 64 at twice the learning rate, vqa_lr,
@@ -83,8 +83,9 @@ def runs_dir(out: Path, seed: int) -> Path:
 
 def seeded_name(name: str, seed: int) -> str:
     """A result file's name for train_seed `seed`: "results.json" for seed 0,
-    "results_seed<k>.json" for another."""
-    return name if seed == 0 else name.replace(".json", f"_seed{seed}.json")
+    "results_seed<k>.json" for another (any suffix)."""
+    path = Path(name)
+    return name if seed == 0 else f"{path.stem}_seed{seed}{path.suffix}"
 
 
 def spread(values: Sequence[float]) -> dict:

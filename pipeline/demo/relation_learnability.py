@@ -19,6 +19,7 @@ output, trained with the demo's VQA learning rate and batch.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from pipeline.world.language.describe import OPPOSITE, RELATION_WORDS
+from pipeline.world.scene import BIGGER_RATIO
 
 KINDS = ("where, x", "where, three axes", "relation, one way", "relation, both ways")
 REGIONS = 36
@@ -35,7 +37,7 @@ AXES = {"on the left": lambda o: o.cx < 0.5, "at the top": lambda o: o.cy < 0.5,
         "big": lambda o: o.area > 0.04}
 # The three relations asked one way; each with its opposite both ways.
 ONE_WAY = ("left of", "above", "bigger than")
-MARGIN, BIGGER = 0.05, 1.8  # as the world's (scene.py), in image fractions
+MARGIN = 0.05  # between centres, in image fractions (the world's is 12 pixels)
 
 
 @dataclass(frozen=True)
@@ -60,8 +62,8 @@ class Thing:
 def holds(relation: str, a: Thing, b: Thing) -> bool:
     return {"left of": a.cx + MARGIN < b.cx, "right of": b.cx + MARGIN < a.cx,
             "above": a.cy + MARGIN < b.cy, "below": b.cy + MARGIN < a.cy,
-            "bigger than": a.area > BIGGER * b.area,
-            "smaller than": b.area > BIGGER * a.area}[relation]
+            "bigger than": a.area > BIGGER_RATIO * b.area,
+            "smaller than": b.area > BIGGER_RATIO * a.area}[relation]
 
 
 class Scenes:
@@ -154,8 +156,6 @@ def learn(kind: str, model_config, scenes: Scenes, *, steps: int, batch_size: in
           seed: int, report_every: int = 0) -> list[tuple[int, float]]:
     """Train the demo's LXMERT on `kind` over fresh scenes for `steps` steps; returns (step,
     held-out accuracy %) every `report_every` steps (0: at the end only)."""
-    import dataclasses
-
     from model.lxmert import LxmertModel
 
     torch.manual_seed(seed)

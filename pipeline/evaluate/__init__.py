@@ -11,6 +11,7 @@ refcoco.py   RefCOCO+ accuracy at IoU >= 0.5 as ViLBERT's and VL-BERT's code com
              pickle reader that runs no code
 flickr30k.py Flickr30K retrieval R@1/5/10, median and mean rank both ways, as SCAN's evaluation.py
              computes them
-error_bars.py the binomial standard error of a score, from the evaluation set's size
+error_bars.py the binomial standard error of a score, from the evaluation set's size, and the
+             paired one of two runs' difference on the same items
 command.py   the verb's arguments, the table it prints and the --json file it writes
 """
