@@ -9,16 +9,24 @@ import random
 import pytest
 
 from pipeline.demo.recipe import PRETRAIN_CONFIG
-from pipeline.demo.relation_learnability import KINDS, REGIONS, Scenes, Thing, learn
+from pipeline.demo.relation_learnability import (
+    KINDS,
+    REGIONS,
+    Scenes,
+    Thing,
+    held_out_examples,
+    learn,
+)
 from pipeline.pretrain.config import load_config
 
 SCENES = Scenes(("red", "blue", "green"), ("ball", "box"), seed=0)
 BALL = Thing(0, 0, (0.1, 0.1, 0.2, 0.2))  # a red ball, top left, area 0.01
 BOX = Thing(1, 1, (0.6, 0.5, 0.9, 0.8))   # a blue box, bottom right, area 0.09
+RIGHT_BALL = Thing(0, 0, (0.52, 0.1, 0.62, 0.2))  # a red ball on the right, left of the box
 
 
-def _asked(kind: str) -> set[tuple[str, bool]]:
-    return {(" ".join(words), yes) for words, yes in SCENES.questions(kind, [BALL, BOX])}
+def _asked(kind: str, things: tuple[Thing, ...] = (BALL, BOX)) -> set[tuple[str, bool]]:
+    return {(" ".join(words), yes) for words, yes in SCENES.questions(kind, list(things))}
 
 
 def test_where_questions_by_hand():
@@ -45,6 +53,32 @@ def test_relations_one_way_swap_the_objects_and_both_ways_swap_the_words():
     assert ("is the blue box below the red ball", True) in both
     assert ("is the blue box above the red ball", False) in both
     assert ("is the red ball smaller than the blue box", True) in both
+
+
+def test_one_word_one_object_roles_and_the_mixture_by_hand():
+    assert _asked("where, both ways") == {
+        ("is the red ball on the left", True), ("is the red ball on the right", False),
+        ("is the blue box on the left", False), ("is the blue box on the right", True)}
+    left_of = {("is the red ball to the left of the blue box", True),
+               ("is the blue box to the left of the red ball", False)}
+    assert _asked("relation, left of", (RIGHT_BALL, BOX)) == left_of
+    # Same words, answered by the first-named object's side: both are on the right.
+    assert _asked("first one's side", (RIGHT_BALL, BOX)) == {
+        ("is the red ball to the left of the blue box", False),
+        ("is the blue box to the left of the red ball", False)}
+    assert _asked("left of, with where x", (RIGHT_BALL, BOX)) == left_of | {
+        ("is the red ball on the left", False), ("is the blue box on the left", False)}
+
+
+def test_a_mixed_kind_is_scored_on_its_relation_questions_only():
+    left = SCENES.vocabulary["left"]
+    of = SCENES.vocabulary["of"]
+    mixed = SCENES.examples("left of, with where x", 50, random.Random(2))
+    assert any(of not in ids for ids, *_ in mixed)  # where questions are trained on
+    scored = held_out_examples(SCENES, "left of, with where x", seed=0)
+    assert scored and all(left in ids and of in ids for ids, *_ in scored)
+    assert [ids for ids, *_ in scored] == [
+        ids for ids, *_ in held_out_examples(SCENES, "relation, left of", seed=0)]
 
 
 def test_a_scenes_regions_hold_each_object_and_background_up_to_36():

@@ -8,7 +8,18 @@ kind of question at a time, and scored on held-out scenes:
 - "relation, one way": "is the A to the left of / above / bigger than the B?", each pair asked
   A-B (yes) and B-A (no), never with the opposite word;
 - "relation, both ways": as the world asks them: "is the A to the left of the B?" (yes) and "is
-  the A to the right of the B?" (no), so that neither the words nor one box answers.
+  the A to the right of the B?" (no), so that neither the words nor one box answers;
+- "where, both ways": "is the red ball on the left?" (yes) and "... on the right?" (no): one
+  object, but the word flips the answer, as in "relation, both ways";
+- "relation, left of": "is the A to the left of the B?", A-B (yes) and B-A (no): one word;
+- "first one's side": the same questions, answered instead by whether the first-named object is
+  on the left (can the model tell the two named objects' roles apart?);
+- "left of, with where x": "relation, left of" and "where, x" questions mixed, scored on the
+  relation questions (does reading one named object's side teach it to compare two?).
+
+A reading of two named objects that does not yet tell the first from the second (as at the
+start) says nothing about a comparison's answer, and something about a question on one of them:
+the last four kinds test where that leaves the model (docs/demo.md, the learnability table).
 
 A scene is 2-3 objects of the demo's palette, each with 3-8 regions around its box (a jittered
 box; the feature: its colour's and its shape's vectors plus noise, which a linear probe reads as
@@ -29,7 +40,10 @@ from torch import nn
 from pipeline.world.language.describe import OPPOSITE, RELATION_WORDS
 from pipeline.world.scene import BIGGER_RATIO
 
-KINDS = ("where, x", "where, three axes", "relation, one way", "relation, both ways")
+KINDS = ("where, x", "where, three axes", "relation, one way", "relation, both ways",
+         "where, both ways", "relation, left of", "first one's side", "left of, with where x")
+# A mixed kind is scored on its relation questions only.
+SCORED_ON = {"left of, with where x": "relation, left of"}
 REGIONS = 36
 FEATURE_DIM = 64
 # "Is the red ball on the left / at the top / big?": the words and the truth.
@@ -75,7 +89,7 @@ class Scenes:
         self.color_vectors = torch.randn(len(colors), FEATURE_DIM, generator=g)
         self.shape_vectors = torch.randn(len(shapes), FEATURE_DIM, generator=g)
         words = {"is", "the", *colors, *shapes}
-        for phrase in (*AXES, *RELATION_WORDS.values()):
+        for phrase in (*AXES, "on the right", *RELATION_WORDS.values()):
             words.update(phrase.split())
         self.vocabulary = {w: i + 2 for i, w in enumerate(sorted(words))}  # 0 [PAD], 1 [CLS]
 
@@ -109,20 +123,31 @@ class Scenes:
         return ["the", self.colors[t.color], self.shapes[t.shape]]
 
     def questions(self, kind: str, things: list[Thing]) -> list[tuple[list[str], bool]]:
+        if kind in SCORED_ON:
+            return self.questions("where, x", things) + self.questions(SCORED_ON[kind], things)
         out = []
+        if kind == "where, both ways":
+            for t in things:
+                out += [(["is", *self.name(t), "on", "the", "left"], t.cx < 0.5),
+                        (["is", *self.name(t), "on", "the", "right"], t.cx >= 0.5)]
+            return out
         if kind.startswith("where"):
             axes = ("on the left",) if kind == "where, x" else tuple(AXES)
             for t in things:
                 out += [(["is", *self.name(t), *axis.split()], AXES[axis](t)) for axis in axes]
             return out
+        if kind == "first one's side":
+            return [(["is", *self.name(a), *RELATION_WORDS["left of"].split(), *self.name(b)],
+                     a.cx < 0.5) for a in things for b in things if a is not b]
+        relations = ("left of",) if kind == "relation, left of" else ONE_WAY
         for a in things:
             for b in things:
-                for relation in ONE_WAY + tuple(OPPOSITE[r] for r in ONE_WAY):
+                for relation in relations + tuple(OPPOSITE[r] for r in relations):
                     if a is b or not holds(relation, a, b):
                         continue
                     if kind == "relation, both ways":
                         asked = [(a, relation, b, True), (a, OPPOSITE[relation], b, False)]
-                    elif relation in ONE_WAY:
+                    elif relation in relations:
                         asked = [(a, relation, b, True), (b, relation, a, False)]
                     else:
                         continue
@@ -152,10 +177,16 @@ def collate(examples: list[tuple]) -> dict[str, torch.Tensor]:
             "answers": torch.tensor([e[3] for e in examples])}
 
 
+def held_out_examples(scenes: Scenes, kind: str, seed: int) -> list[tuple]:
+    """The questions `kind` is scored on: of 200 scenes no training step sees."""
+    return scenes.examples(SCORED_ON.get(kind, kind), 200, random.Random(10_000 + seed))
+
+
 def learn(kind: str, model_config, scenes: Scenes, *, steps: int, batch_size: int, lr: float,
           seed: int, report_every: int = 0) -> list[tuple[int, float]]:
     """Train the demo's LXMERT on `kind` over fresh scenes for `steps` steps; returns (step,
-    held-out accuracy %) every `report_every` steps (0: at the end only)."""
+    held-out accuracy %, on SCORED_ON's kind for a mixed one) every `report_every` steps (0: at
+    the end only)."""
     from model.lxmert import LxmertModel
 
     torch.manual_seed(seed)
@@ -169,7 +200,7 @@ def learn(kind: str, model_config, scenes: Scenes, *, steps: int, batch_size: in
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(s / warmup, max(0.0, (steps - s) / (steps - warmup))))
-    held_out = scenes.examples(kind, 200, random.Random(10_000 + seed))
+    held_out = held_out_examples(scenes, kind, seed)
 
     def logits(batch: dict) -> torch.Tensor:
         return head(encoder(**{k: v for k, v in batch.items() if k != "answers"}).pooled)

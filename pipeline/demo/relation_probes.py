@@ -12,10 +12,12 @@ than the Y?" at chance, probed on a finished `pipeline demo` (its --out: world, 
    an image's regions, and with every feature zeroed: does it read the boxes?
 4. **learnability**: the demo's LXMERT trained from scratch on unlimited synthetic scenes, one
    kind of question at a time, from one named object's position to the world's relation
-   questions (pipeline/demo/relation_learnability.py): can it learn them at all, given data?
+   questions, and relations mixed with one-object questions
+   (pipeline/demo/relation_learnability.py): can it learn them at all, given data, and what
+   unlocks the comparison?
 
-Prints the table and writes OUT/relation_probes.json; ~9 minutes on 2 cores (the learnability
-runs two at a time; --set learn_steps=0 leaves them out).
+Prints the table and writes OUT/relation_probes.json; ~14 minutes on 2 cores (eight learnability
+runs, two at a time, ~2.5 minutes each; --set learn_steps=0 leaves them out).
 """
 
 from __future__ import annotations
