@@ -94,3 +94,32 @@ def test_bad_arguments_are_refused(tokenizer, tmp_path):
         encode_texts(tokenizer, ["a"], max_length=1)
     with pytest.raises(FileNotFoundError, match="no BERT checkpoint directory"):
         load_tokenizer(tmp_path / "missing")
+
+
+def _tokenizers_own(tokenizer, texts, max_length, pad_to_max=False):
+    encoded = tokenizer(list(texts), padding="max_length" if pad_to_max else "longest",
+                        truncation=True, max_length=max_length, return_tensors="pt",
+                        return_attention_mask=True, return_token_type_ids=True)
+    return {name: encoded[name].long() for name in ("input_ids", "attention_mask",
+                                                     "token_type_ids")}
+
+
+def test_kept_ids_equal_the_tokenizers_own_batches_every_time(tokenizer, monkeypatch):
+    """Each text is tokenized once and its ids kept: the batches of a second epoch, other
+    lengths, repeated texts and a store that fills and starts again give the tokenizer's own."""
+    import pipeline.common.text as text
+
+    monkeypatch.setattr(text, "KEPT_TEXTS", 6)
+    words = "is the red ball left of the small blue cube ? how many stars are there".split()
+    texts = [" ".join(words[i % 7: i % 7 + 2 + i % 13]) for i in range(40)]
+    for epoch in range(2):
+        for start in range(0, 40, 4):
+            batch = texts[start: start + 4] + [texts[start]]  # a text twice in a batch
+            for max_length, pad in ((20, False), (6, False), (8, True)):
+                ours = encode_texts(tokenizer, batch, max_length, pad_to_max=pad)
+                theirs = _tokenizers_own(tokenizer, batch, max_length, pad)
+                for name in theirs:
+                    assert torch.equal(ours[name], theirs[name]), (epoch, start, max_length, name)
+            assert len(text._kept[tokenizer]) <= 6
+    ours = encode_texts(tokenizer, texts[:10], 20)  # more new texts than the store holds
+    assert torch.equal(ours["input_ids"], _tokenizers_own(tokenizer, texts[:10], 20)["input_ids"])
