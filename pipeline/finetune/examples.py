@@ -144,6 +144,13 @@ def _vqa_annotations(path: Path) -> dict[int, tuple[dict[str, int], str]]:
     entries = field(read_json(path, dict, "VQA annotations"), "annotations", list, path,
                     "the top level")
     out: dict[int, tuple[dict[str, int], str]] = {}
+    processed: dict[str, str] = {}  # each answer text processed once (a file repeats most)
+
+    def process(answer: str) -> str:
+        if answer not in processed:
+            processed[answer] = preprocess_answer(answer)
+        return processed[answer]
+
     for i, entry in enumerate(entries):
         qid = field(entry, "question_id", int, path, f"annotation {i}")
         if qid in out:
@@ -152,11 +159,9 @@ def _vqa_annotations(path: Path) -> dict[int, tuple[dict[str, int], str]]:
         raw = field(entry, "answers", list, path, where)
         if not raw:
             raise ExamplesError(f"{path}: {where} has no answers")
-        answers = Counter(
-            preprocess_answer(field(a, "answer", str, path, f"{where}, answer {j}"))
-            for j, a in enumerate(raw)
-        )
-        top = preprocess_answer(field(entry, "multiple_choice_answer", str, path, where))
+        answers = Counter(process(field(a, "answer", str, path, f"{where}, answer {j}"))
+                          for j, a in enumerate(raw))
+        top = process(field(entry, "multiple_choice_answer", str, path, where))
         out[qid] = (dict(answers), top)
     return out
 
