@@ -138,13 +138,14 @@ def unique_specs(scene: Scene, obj: WorldObject, *, exclude: tuple[str, ...] = (
     qualifies only when the scene holds one object.
     """
     allowed = [f for f in SPEC_FIELDS if f not in exclude]
-    specs = []
-    for size in range(len(allowed) + 1):
-        for fields in combinations(allowed, size):
-            spec = spec_of(obj, fields)
-            if matching(scene, spec) == [obj]:
-                specs.append(spec)
-    return specs
+    if obj not in scene.objects:
+        return []
+    # A spec is obj's alone when its fields are not all among those another object shares.
+    shared = [{f for f in allowed if getattr(other, f) == getattr(obj, f)}
+              for other in scene.objects if other is not obj]
+    return [spec_of(obj, fields) for size in range(len(allowed) + 1)
+            for fields in combinations(allowed, size)
+            if not any(same.issuperset(fields) for same in shared)]
 
 
 def refer(scene: Scene, obj: WorldObject, rng: random.Random, *,
