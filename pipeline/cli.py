@@ -27,7 +27,7 @@ from pipeline.analyze.errors import AnalysisError
 from pipeline.analyze.parses import ParserUnavailable
 from pipeline.bench import command as bench
 from pipeline.common.arguments import formatter_for
-from pipeline.common.bytecode import compile_environment
+from pipeline.common.bytecode import cache_bytecode
 from pipeline.common.config import ConfigError
 from pipeline.common.config_help import show_config
 from pipeline.common.ray_session import RayStartError, check_address
@@ -224,7 +224,7 @@ def command() -> int:
     """The `pipeline` program (pyproject's script): `main` on the command line. Interrupted, its
     exit's clean-up (Ray's, torch's) is not interrupted again by a second Ctrl-C, such as the one
     `uv run` passes on after the terminal's. SIGTERM is taken as Ctrl-C is, exit 143."""
-    compile_environment(lambda line: print(line, file=sys.stderr))
+    cache_bytecode(lambda line: print(line, file=sys.stderr))
     terminate_as_interrupt()
     status = main()
     if status in (130, 143):

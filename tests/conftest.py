@@ -22,11 +22,11 @@ os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
 
 def pytest_sessionstart(session):
-    """The environment's bytecode compiled once where Python caches none (CI): the suite's
-    subprocesses (Ray's workers, the CLI's) then start from it (pipeline/common/bytecode.py)."""
-    from pipeline.common.bytecode import compile_environment
+    """Where Python caches no bytecode (CI), the suite's imports are cached: its subprocesses
+    (Ray's workers, the CLI's) then start from compiled files (pipeline/common/bytecode.py)."""
+    from pipeline.common.bytecode import cache_bytecode
 
-    compile_environment(lambda line: print(line, file=sys.stderr))
+    cache_bytecode(lambda line: print(line, file=sys.stderr))
 
 # The local S3 server (fixtures s3_server, bucket); the CPU image built with podman (cpu_image).
 pytest_plugins = ["s3_server", "podman_image"]
