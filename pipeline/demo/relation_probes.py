@@ -76,11 +76,13 @@ class RelationQuestion:
 def world_scenes(world: Path) -> dict[str, object]:
     """The world's COCO scenes regenerated from its world.json (the generator is deterministic),
     by feature-shard key ("coco-<id>")."""
-    from pipeline.world.generate import COCO_ID_OFFSET, WorldConfig, _scene, plan_images
+    from pipeline.world.generate import COCO_ID_OFFSET, WorldConfig, painter, plan_images
+    from pipeline.world.pictures import SceneFile
 
     config = json.loads((world / "world.json").read_text())["config"]
     cfg = WorldConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items()})
-    return {f"coco-{p.vg_id + COCO_ID_OFFSET}": _scene(cfg, p.vg_id, p.split)[0]
+    render = painter(cfg)
+    return {f"coco-{p.vg_id + COCO_ID_OFFSET}": render.scene(SceneFile(p.vg_id, p.split))[0]
             for p in plan_images(cfg) if p.coco_id is not None}
 
 

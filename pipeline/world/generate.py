@@ -56,7 +56,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from PIL import Image
 from tqdm import tqdm
 
 from pipeline.common.config import ConfigError, to_dict
@@ -73,8 +72,6 @@ from pipeline.world.formats import (
     vqa,
 )
 from pipeline.world.formats.files import (
-    jpeg_bytes,
-    png_bytes,
     write_bytes,
     write_json,
     write_json_lines,
@@ -94,7 +91,8 @@ from pipeline.world.language import (
 from pipeline.world.language.nlvr2 import SENTENCES_PER_SET
 from pipeline.world.language.vqa import VQA_KINDS
 from pipeline.world.language.refcoco import distinguishing_specs
-from pipeline.world.sampling import OBJECTS_PER_ID, make_scene
+from pipeline.world.pictures import SceneFile, Painter, Pictures
+from pipeline.world.sampling import OBJECTS_PER_ID
 from pipeline.world.scene import COLORS, MATERIALS, SHAPES, Palette, Scene
 
 COCO_ID_OFFSET = 1_000_000
@@ -251,19 +249,20 @@ def _rng(seed: int, purpose: str, image_id: int) -> random.Random:
     return random.Random(f"{seed}:{purpose}:{image_id}")
 
 
-def _scene(cfg: WorldConfig, image_id: int, split: str,
-           least_objects: int = 1) -> tuple[Scene, Image.Image]:
-    return make_scene(image_id, split, cfg.seed, min_objects=max(cfg.min_objects, least_objects),
-                      max_objects=max(cfg.max_objects, least_objects), palette=cfg.palette)
+def painter(cfg: WorldConfig) -> Painter:
+    """What renders the world's scenes and encodes their files."""
+    return Painter(cfg.seed, cfg.min_objects, cfg.max_objects, cfg.palette, cfg.jpeg_quality)
 
 
-def write_coco_vg(cfg: WorldConfig, out: Path, plan: Sequence[PlannedImage], bar: tqdm) -> dict:
-    """Render the COCO/VG scenes and write COCO, Visual Genome, VQA and GQA. Returns counts."""
+def write_coco_vg(cfg: WorldConfig, out: Path, plan: Sequence[PlannedImage], bar: tqdm,
+                  pictures: Pictures | None = None) -> dict:
+    """Render the COCO/VG scenes and write COCO, Visual Genome, VQA and GQA. Returns counts.
+    (Each writer renders with `pictures`, here by default.)"""
+    pictures = pictures or Pictures(painter(cfg), workers=1)
     scenes: dict[int, Scene] = {}
-    for image in plan:
-        scene, picture = _scene(cfg, image.vg_id, image.split)
+    rendered = pictures([SceneFile(image.vg_id, image.split) for image in plan])
+    for image, (scene, data, _) in zip(plan, rendered, strict=True):
         scenes[image.vg_id] = scene
-        data = jpeg_bytes(picture, cfg.jpeg_quality)
         write_bytes(out / "vg" / image.vg_folder / f"{image.vg_id}.jpg", data)
         if image.coco_id is not None:
             subset = coco.subset_name(image.split)
@@ -412,19 +411,20 @@ def grounded_split_counts(cfg: WorldConfig, fraction: float) -> dict[str, int]:
     return {"train": total - 2 * held_out, "val": held_out, "test": held_out}
 
 
-def write_vcr(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
+def write_vcr(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures | None = None) -> dict:
     """Render the VCR scenes split by split (movies of IMAGES_PER_MOVIE images, none shared by
     two splits) and write the images, their metadata and the jsonl files. Returns counts."""
+    pictures = pictures or Pictures(painter(cfg), workers=1)
     counts = {}
     next_id, first_movie = VCR_ID_BASE, 0
     for split, n_images in grounded_split_counts(cfg, cfg.vcr_fraction).items():
         scenes, stems, movies = [], {}, {}
-        for k in range(n_images):
-            scene, picture = _scene(cfg, next_id, split, least_objects=2)
+        jobs = [SceneFile(next_id + k, split, least_objects=2) for k in range(n_images)]
+        for k, (scene, data, _) in enumerate(pictures(jobs)):
             movie = vcr.movie_name(first_movie + k // vcr.IMAGES_PER_MOVIE)
             stem = vcr.image_stem(movie, k % vcr.IMAGES_PER_MOVIE, next_id)
             root = out / "vcr" / "vcr1images"
-            write_bytes(root / f"{stem}.jpg", jpeg_bytes(picture, cfg.jpeg_quality))
+            write_bytes(root / f"{stem}.jpg", data)
             write_json(root / f"{stem}.json",
                        vcr.metadata_json(scene, _rng(cfg.seed, "vcr-boxes", next_id)))
             scenes.append(scene)
@@ -442,7 +442,8 @@ def write_vcr(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
     return counts
 
 
-def write_flickr30k(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
+def write_flickr30k(cfg: WorldConfig, out: Path, bar: tqdm,
+                    pictures: Pictures | None = None) -> dict:
     """Render the Flickr30K scenes and write Karpathy's split file and Flickr30K Entities.
 
     Ids are consecutive; which are val and test is drawn, so the splits interleave in the file
@@ -454,12 +455,13 @@ def write_flickr30k(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
     split_of = {i: "train" for i in ids}
     split_of.update({i: "val" for i in order[: sizes["val"]]})
     split_of.update({i: "test" for i in order[sizes["val"]: sizes["val"] + sizes["test"]]})
+    pictures = pictures or Pictures(painter(cfg), workers=1)
     scenes = {}
-    for image_id in ids:
-        scene, picture = _scene(cfg, image_id, split_of[image_id])
+    rendered = pictures([SceneFile(image_id, split_of[image_id]) for image_id in ids])
+    for image_id, (scene, data, _) in zip(ids, rendered, strict=True):
         scenes[image_id] = scene
         write_bytes(out / "flickr30k" / flickr30k.IMAGE_FOLDER / flickr30k.file_name(image_id),
-                    jpeg_bytes(picture, cfg.jpeg_quality))
+                    data)
         bar.update()
     entries = []
     entities = out / "flickr30k_entities"
@@ -495,30 +497,30 @@ def nlvr2_set_counts(cfg: WorldConfig) -> dict[str, int]:
             "test1": held_out}
 
 
-def write_nlvr2(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
+def write_nlvr2(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures | None = None) -> dict:
     """Render the NLVR2 pairs split by split and write the json lines and PNG images."""
+    pictures = pictures or Pictures(painter(cfg), workers=1)
     counts = {}
     next_id = NLVR2_ID_BASE
     for split, sets in nlvr2_set_counts(cfg).items():
-        pictures: dict[int, bytes] = {}
-        pairs = []
-        for _ in range(sets * PAIRS_PER_SET):
-            pair = []
-            for image_id in (next_id, next_id + 1):
-                scene, picture = _scene(cfg, image_id, split)
-                pictures[image_id] = png_bytes(picture)
-                pair.append(scene)
-                bar.update()
-            pairs.append((pair[0], pair[1]))
-            next_id += 2
+        ids = range(next_id, next_id + 2 * sets * PAIRS_PER_SET)
+        files: dict[int, bytes] = {}
+        scenes = []
+        for image_id, (scene, data, _) in zip(
+                ids, pictures([SceneFile(i, split, format="png") for i in ids]), strict=True):
+            files[image_id] = data
+            scenes.append(scene)
+            bar.update()
+        pairs = list(zip(scenes[0::2], scenes[1::2], strict=True))
+        next_id = ids.stop
         items = nlvr2_items(pairs, split, cfg.seed, pairs_per_sentence=PAIRS_PER_SET,
                             sentences_per_set=cfg.nlvr2_sentences_per_set)
         written = set()
         for item in items:
             left, right = nlvr2.image_paths(item, split)
             if left not in written:
-                write_bytes(out / "nlvr2" / left, pictures[item.left_image_id])
-                write_bytes(out / "nlvr2" / right, pictures[item.right_image_id])
+                write_bytes(out / "nlvr2" / left, files[item.left_image_id])
+                write_bytes(out / "nlvr2" / right, files[item.right_image_id])
                 written.add(left)
         write_json_lines(out / "nlvr2" / f"{split}.json", nlvr2.lines(items, split))
         counts[split] = {"items": len(items), "pairs": len(written)}
@@ -531,23 +533,23 @@ def cc3m_url_count(cfg: WorldConfig) -> int:
     return max(1, round(cfg.images * cfg.cc3m_fraction))
 
 
-def write_cc3m(cfg: WorldConfig, out: Path, bar: tqdm) -> dict:
+def write_cc3m(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures | None = None) -> dict:
     """Render the CC3M scenes and write img2dataset shards with a few failed downloads."""
+    pictures = pictures or Pictures(painter(cfg), workers=1)
     total = cc3m_url_count(cfg)
     rng = random.Random(f"world-cc3m-{cfg.seed}")
     failed = set(rng.sample(range(total), max(1, round(total * cfg.cc3m_failed_fraction))))
     downloads = []
-    for k in range(total):
+    rendered = pictures([SceneFile(CC3M_ID_BASE + k, "train") for k in range(total)])
+    for k, (scene, data, (width, height)) in enumerate(rendered):
         image_id = CC3M_ID_BASE + k
-        scene, picture = _scene(cfg, image_id, "train")
         url = f"http://{rng.choice(CC3M_HOSTS)}/images/{rng.getrandbits(48):012x}.jpg"
         caption = cc3m_caption(scene, _rng(cfg.seed, "cc3m", image_id))
         if k in failed:
             error = rng.choice(CC3M_ERRORS)
             downloads.append(cc3m.Download(url, caption, None, error_message=error))
         else:
-            downloads.append(cc3m.Download(url, caption, jpeg_bytes(picture, cfg.jpeg_quality),
-                                           picture.width, picture.height))
+            downloads.append(cc3m.Download(url, caption, data, width, height))
         bar.update()
     size = cfg.cc3m_samples_per_shard
     shards = [cc3m.write_shard(out / "cc3m", shard_id, downloads[start:start + size])
@@ -608,17 +610,17 @@ def _write_world(cfg: WorldConfig, out: Path, progress: bool) -> dict:
     # line: the bar is drawn on a terminal only.
     on_terminal = progress and sys.stderr.isatty()
     with tqdm(total=sum(scenes.values()), unit="scene", desc="world",
-              disable=not on_terminal) as bar:
+              disable=not on_terminal) as bar, Pictures(painter(cfg)) as pictures:
         rendering("COCO / Visual Genome")
-        counts = write_coco_vg(cfg, out, plan_images(cfg), bar)
+        counts = write_coco_vg(cfg, out, plan_images(cfg), bar, pictures)
         rendering("NLVR2")
-        counts["nlvr2"] = write_nlvr2(cfg, out, bar)
+        counts["nlvr2"] = write_nlvr2(cfg, out, bar, pictures)
         rendering("CC3M")
-        counts["cc3m"] = write_cc3m(cfg, out, bar)
+        counts["cc3m"] = write_cc3m(cfg, out, bar, pictures)
         rendering("VCR")
-        counts["vcr"] = write_vcr(cfg, out, bar)
+        counts["vcr"] = write_vcr(cfg, out, bar, pictures)
         rendering("Flickr30K")
-        counts["flickr30k"] = write_flickr30k(cfg, out, bar)
+        counts["flickr30k"] = write_flickr30k(cfg, out, bar, pictures)
     world = {
         "generator": "pipeline world generate",
         "seed": cfg.seed,
