@@ -3,8 +3,9 @@
 A scene is a function of the world's seed and its image id alone (sampling.make_scene), so the
 files are the same bytes however many processes render them; the scenes come back in the order
 asked. Rendering and encoding are ~60% of `pipeline world generate` (the demo's world: 1,414
-scenes). The workers import only this light module (numpy, PIL), and ignore Ctrl-C: the
-command's process stops them.
+scenes). The workers are spawned: each imports the command's modules again (torch among them,
+~3 s, the two at once), so a pool starts only for a batch of LEAST_SHARED scenes or more; they
+ignore Ctrl-C (the command's process stops them).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from pipeline.world.formats.files import jpeg_bytes, png_bytes
 from pipeline.world.sampling import make_scene
 from pipeline.world.scene import Palette, Scene
 
-# Fewer scenes than this render here: a worker's start (~0.3 s) would cost more than it saves.
-LEAST_SHARED = 64
+# Fewer scenes than this render here (~1.5-3 s of work on one core): the workers' start would
+# cost as much as it saves.
+LEAST_SHARED = 128
 
 
 @dataclass(frozen=True)
