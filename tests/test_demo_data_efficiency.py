@@ -1,6 +1,7 @@
 """`pipeline demo data-efficiency`: at a toy size, every run trains on its share of the questions
 (the same ones from both starts) with the corpus's own vocabulary, the pretraining is the one that
-reads the image, the table and picture are written, and finished runs are reused; at full size
+reads the image and answers other datasets' questions, not VQA's, the table and picture are
+written, and finished runs are reused; at full size
 (slow, opt in with `-m slow`, ~15 minutes after the main demo's set-up), the curve its numbers in
 docs/demo.md come from, and its margin at 10% of the questions."""
 
@@ -14,7 +15,13 @@ import yaml
 from paired_by_hand import paired_by_hand
 
 from pipeline.cli import main
-from pipeline.demo.data_efficiency import DataEfficiencyConfig, run_data_efficiency
+from pipeline.common.config import ConfigError
+from pipeline.demo.data_efficiency import (
+    DataEfficiencyConfig,
+    looking_changes,
+    run_data_efficiency,
+)
+from pipeline.corpus.read import load_pairs
 
 TOY = ["world_images=60", "minival_images=4", "vqa_per_image=6", "pretrain_epochs=1",
        "vqa_epochs=1", "nlvr2_epochs=1", "vqa_batch_size=4", "nlvr2_batch_size=4", "engine=local",
@@ -34,7 +41,7 @@ def test_each_share_trains_on_its_questions_and_the_curve_is_written(tmp_path, c
     assert list(results) == ["50%", "100%"]
     keys = {"pretrained", "scratch", "pretrained_se", "scratch_se", "gain", "gain_se"}
     assert all(set(row) == keys for row in results.values())
-    runs = out / "runs" / "looking"
+    runs = out / "runs" / "looking-qa-gqa-vgqa"
     for share, row in results.items():  # the gain's paired standard error, by hand
         name = "" if share == "100%" else "_50pct"
         _, se = paired_by_hand(out, runs / f"vqa_pretrained{name}", runs / f"vqa_scratch{name}")
@@ -47,6 +54,12 @@ def test_each_share_trains_on_its_questions_and_the_curve_is_written(tmp_path, c
     assert pretraining["objective"]["mlm_sources"] == ["mscoco", "vg"]
     assert pretraining["objective"]["visual_word_mask_prob"] == 0.5
     assert pretraining["model"]["vocab_size"] == len(vocabulary)
+    assert pretraining["objective"]["qa"] is True
+    read = load_pairs(out / "corpus", ("train", "nominival"), pretraining["data"]["sources"])
+    every = load_pairs(out / "corpus", ("train", "nominival"), None)
+    assert {p.source for pairs in every.values() for p in pairs} >= {"vqa", "gqa", "vgqa"}
+    kept = {p.source for pairs in read.values() for p in pairs}
+    assert kept == {"mscoco", "vg", "gqa", "vgqa"}  # not VQA's questions
     for run in ("vqa_scratch", "vqa_pretrained_50pct"):
         saved = yaml.safe_load((runs / run / "config.yaml").read_text())
         assert saved["data"]["tokenizer"] == str(out / "vocabulary")
@@ -64,7 +77,7 @@ def test_each_share_trains_on_its_questions_and_the_curve_is_written(tmp_path, c
     assert "(seed 1)" in printed and "gain over 2 seeds" in printed
     assert json.loads((out / "data_efficiency.json").read_text()) == results
     other = json.loads((out / "data_efficiency_seed1.json").read_text())
-    saved = yaml.safe_load((out / "runs_seed1" / "looking" / "vqa_scratch_50pct" / "config.yaml")
+    saved = yaml.safe_load((out / "runs_seed1" / "looking-qa-gqa-vgqa" / "vqa_scratch_50pct" / "config.yaml")
                            .read_text())
     assert saved["run"]["seed"] == 1
     seeds = json.loads((out / "data_efficiency_seeds.json").read_text())
@@ -79,6 +92,18 @@ def test_an_unknown_pretraining_is_refused(tmp_path, capsys):
                  "--set", "pretraining=paper"]) == 2
     assert "pretraining = 'paper': choose one of looking, main" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+def test_the_looking_pretraining_answers_the_questions_it_is_given():
+    name, changes = looking_changes(DataEfficiencyConfig(qa_sources=["vqa", "gqa", "vgqa"]))
+    assert name == "looking-qa-vqa-gqa-vgqa"
+    assert "data.sources=[mscoco,vg,vqa,gqa,vgqa]" in changes
+    assert "objective.qa=false" not in changes
+    name, changes = looking_changes(DataEfficiencyConfig(qa_sources=[]))
+    assert name == "looking-noqa"
+    assert {"data.sources=[mscoco,vg]", "objective.qa=false"} <= set(changes)
+    with pytest.raises(ConfigError, match=r"qa_sources = \['vqa', 'coco'\]: each must be one of"):
+        DataEfficiencyConfig(qa_sources=("vqa", "coco"))
 
 
 @pytest.fixture(scope="module")

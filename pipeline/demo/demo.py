@@ -53,7 +53,8 @@ DESCRIPTION = (
     "trained with the transformer or frozen, on questions about material) and `pipeline demo "
     "grounding` (which attention heads of a pretrained VisualBERT ground the captions' entities "
     "in the image); `pipeline demo data-efficiency` (VQA on 5-100% of its questions, from a "
-    "pretraining that reads the image against scratch); `pipeline demo relations` (probes of "
+    "pretraining that reads the image, and not VQA's own questions, against scratch); `pipeline "
+    "demo relations` (probes of "
     "the relation questions, on a finished demo's output)."
 )
 def _pictures(run: Path, world: Path, corpus: Path, coco: Path, out: Path) -> list[Path]:
