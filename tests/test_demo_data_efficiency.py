@@ -16,12 +16,12 @@ from paired_by_hand import paired_by_hand
 
 from pipeline.cli import main
 from pipeline.common.config import ConfigError
+from pipeline.corpus.read import load_pairs
 from pipeline.demo.data_efficiency import (
     DataEfficiencyConfig,
     looking_changes,
     run_data_efficiency,
 )
-from pipeline.corpus.read import load_pairs
 
 TOY = ["world_images=60", "minival_images=4", "vqa_per_image=6", "pretrain_epochs=1",
        "vqa_epochs=1", "nlvr2_epochs=1", "vqa_batch_size=4", "nlvr2_batch_size=4", "engine=local",
@@ -77,8 +77,8 @@ def test_each_share_trains_on_its_questions_and_the_curve_is_written(tmp_path, c
     assert "(seed 1)" in printed and "gain over 2 seeds" in printed
     assert json.loads((out / "data_efficiency.json").read_text()) == results
     other = json.loads((out / "data_efficiency_seed1.json").read_text())
-    saved = yaml.safe_load((out / "runs_seed1" / "looking-qa-gqa-vgqa" / "vqa_scratch_50pct" / "config.yaml")
-                           .read_text())
+    seed1 = out / "runs_seed1" / "looking-qa-gqa-vgqa"
+    saved = yaml.safe_load((seed1 / "vqa_scratch_50pct" / "config.yaml").read_text())
     assert saved["run"]["seed"] == 1
     seeds = json.loads((out / "data_efficiency_seeds.json").read_text())
     assert seeds["seeds"] == [results, other]
