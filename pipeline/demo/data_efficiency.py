@@ -58,15 +58,15 @@ class DataEfficiencyConfig(DemoConfig):
     of VQA's training questions fine-tuned on. max_epochs: the most epochs of a small share's run
     (it trains vqa_epochs / share). pretraining: "looking" (its own pretraining that reads the
     image, on the corpus's own vocabulary) or "main" (the main demo's; module docstring).
-    looking_epochs: the looking pretraining's passes over the corpus (31 over captions,
-    descriptions and GQA's and Visual Genome's questions: ~3,300 steps, as 12 epochs took with
-    VQA's questions too). qa_sources: the corpus sources of the looking pretraining's questions
+    looking_epochs: the looking pretraining's passes over the corpus (62 over captions,
+    descriptions and GQA's and Visual Genome's questions: 6,572 steps, ~800 s on one core; 31
+    were worth 3 points less at 10% of the questions: docs/demo.md). qa_sources: the corpus sources of the looking pretraining's questions
     (none: no question answering); VQA's own are left out by default (module docstring)."""
 
     fractions: tuple[float, ...] = (0.05, 0.1, 0.25, 1.0)
     max_epochs: int = 64
     pretraining: str = "looking"
-    looking_epochs: int = 31
+    looking_epochs: int = 62
     qa_sources: tuple[str, ...] = ("gqa", "vgqa")
 
     def __post_init__(self) -> None:
