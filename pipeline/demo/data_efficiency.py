@@ -16,9 +16,10 @@ Which pretraining (`pretraining`):
   on captions, the corpus's own vocabulary (`pipeline corpus vocab`, both starts read it),
   looking_epochs epochs, and question answering on qa_sources only: other datasets' questions
   (GQA's and Visual Genome's), not VQA's own. LXMERT's pretraining answers VQA's training
-  questions too; here that would give the pretrained start the answers a small share withholds,
-  and it was the whole gain (docs/demo.md). Its runs are under runs/looking-qa-gqa-vgqa/ (the
-  sources in the name; runs/looking-noqa/ without question answering).
+  questions too; here that gave the pretrained start the answers a small share withholds, and
+  they were the whole gain of the 12-epoch recipe before (docs/demo.md, "Whose answers"). Its
+  runs are under runs/looking-qa-gqa-vgqa/ (the sources in the name; runs/looking-noqa/ without
+  question answering).
 - "main": the main demo's pretraining and its 100% runs, reused (its question answering reads
   VQA's training questions, all of them).
 Writes data_efficiency.json and data_efficiency.png (beside the main demo's results.json when
@@ -60,8 +61,9 @@ class DataEfficiencyConfig(DemoConfig):
     image, on the corpus's own vocabulary) or "main" (the main demo's; module docstring).
     looking_epochs: the looking pretraining's passes over the corpus (62 over captions,
     descriptions and GQA's and Visual Genome's questions: 6,572 steps, ~800 s on one core; 31
-    were worth 3 points less at 10% of the questions: docs/demo.md). qa_sources: the corpus sources of the looking pretraining's questions
-    (none: no question answering); VQA's own are left out by default (module docstring)."""
+    were worth 3 points less at 10% of the questions: docs/demo.md). qa_sources: the corpus
+    sources of the looking pretraining's questions (none: no question answering); VQA's own are
+    left out by default (module docstring)."""
 
     fractions: tuple[float, ...] = (0.05, 0.1, 0.25, 1.0)
     max_epochs: int = 64
