@@ -11,7 +11,8 @@ from tqdm import tqdm
 
 from pipeline.demo.demo import differences, format_results, targets
 from pipeline.evaluate.error_bars import paired_difference, standard_error
-from pipeline.world.generate import WorldConfig, nlvr2_set_counts, write_nlvr2
+from pipeline.world.generate import WorldConfig, nlvr2_set_counts, painter, write_nlvr2
+from pipeline.world.pictures import Pictures
 
 
 @pytest.mark.parametrize("percent, n, points", [
@@ -96,7 +97,7 @@ def test_the_table_prints_each_score_and_difference_with_its_standard_error_and_
 def _nlvr2(tmp_path, name: str, cfg: WorldConfig) -> dict[str, list[dict]]:
     out = tmp_path / name
     with tqdm(disable=True) as bar:
-        write_nlvr2(cfg, out, bar)
+        write_nlvr2(cfg, out, bar, Pictures(painter(cfg), workers=1))
     return {split: [json.loads(line) for line in (out / "nlvr2" / f"{split}.json").open()]
             for split in ("train", "dev")}
 

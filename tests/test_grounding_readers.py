@@ -15,7 +15,8 @@ from pipeline.analyze.entities import (EntitiesError, ImageEntities, Phrase, rea
                                        read_entities, read_sentences, read_split)
 from pipeline.analyze.parses import (ConlluError, Parse, ParserUnavailable, align, load_spacy,
                                      read_conllu, run_parser)
-from pipeline.world.generate import WorldConfig, write_flickr30k
+from pipeline.world.generate import WorldConfig, painter, write_flickr30k
+from pipeline.world.pictures import Pictures
 from pipeline.world.sampling import make_scene
 
 # Image 1000092795 of the release, its first four captions (the fourth with chain 0), and a line
@@ -295,7 +296,7 @@ CONFIG = WorldConfig(images=8, seed=3)
 @pytest.fixture(scope="module")
 def world_entities(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("world")
-    write_flickr30k(CONFIG, out, tqdm(disable=True))
+    write_flickr30k(CONFIG, out, tqdm(disable=True), Pictures(painter(CONFIG), workers=1))
     return out / "flickr30k_entities"
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.config import ConfigError
+from pipeline.corpus.config import QA_SOURCES
 from pipeline.demo.main_inputs import prepare_demo, score
 from pipeline.demo.recipe import (
     DemoConfig,
@@ -47,9 +48,10 @@ from pipeline.demo.trainings import Steps, Trainings
 
 CURVE_VARIANTS = ("pretrained", "scratch")
 PRETRAININGS = ("looking", "main")
-QA_SOURCES = ("vqa", "gqa", "vgqa")
-# The pretraining whose masked LM reads the image (docs/results.md, "The diagnosis").
-LOOKING = ["objective.mlm_sources=[mscoco,vg]", "objective.match_sources=[mscoco]",
+# The looking pretraining's texts besides questions: COCO's captions and Visual Genome's region
+# descriptions; its masked LM reads these only (docs/results.md, "The diagnosis").
+DESCRIBED = ("mscoco", "vg")
+LOOKING = [f"objective.mlm_sources=[{','.join(DESCRIBED)}]", "objective.match_sources=[mscoco]",
            "objective.visual_word_mask_prob=0.5"]
 
 
@@ -93,7 +95,7 @@ def looking_changes(cfg: DataEfficiencyConfig) -> tuple[str, list[str]]:
     """The looking pretraining's run directory name and its `--set` changes to the main demo's:
     the masked LM on descriptions with visual words masked at 50%, matching on captions, and
     question answering on cfg.qa_sources only."""
-    changes = [*LOOKING, f"data.sources=[{','.join(('mscoco', 'vg') + cfg.qa_sources)}]",
+    changes = [*LOOKING, f"data.sources=[{','.join(DESCRIBED + cfg.qa_sources)}]",
                f"run.epochs={cfg.looking_epochs}"]
     if not cfg.qa_sources:
         return "looking-noqa", [*changes, "objective.qa=false"]

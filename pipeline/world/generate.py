@@ -255,10 +255,9 @@ def painter(cfg: WorldConfig) -> Painter:
 
 
 def write_coco_vg(cfg: WorldConfig, out: Path, plan: Sequence[PlannedImage], bar: tqdm,
-                  pictures: Pictures | None = None) -> dict:
-    """Render the COCO/VG scenes and write COCO, Visual Genome, VQA and GQA. Returns counts.
-    (Each writer renders with `pictures`, here by default.)"""
-    pictures = pictures or Pictures(painter(cfg), workers=1)
+                  pictures: Pictures) -> dict:
+    """Render the COCO/VG scenes with `pictures` (as each writer does) and write COCO, Visual
+    Genome, VQA and GQA. Returns counts."""
     scenes: dict[int, Scene] = {}
     rendered = pictures([SceneFile(image.vg_id, image.split) for image in plan])
     for image, (scene, data, _) in zip(plan, rendered, strict=True):
@@ -411,10 +410,9 @@ def grounded_split_counts(cfg: WorldConfig, fraction: float) -> dict[str, int]:
     return {"train": total - 2 * held_out, "val": held_out, "test": held_out}
 
 
-def write_vcr(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures | None = None) -> dict:
+def write_vcr(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures) -> dict:
     """Render the VCR scenes split by split (movies of IMAGES_PER_MOVIE images, none shared by
     two splits) and write the images, their metadata and the jsonl files. Returns counts."""
-    pictures = pictures or Pictures(painter(cfg), workers=1)
     counts = {}
     next_id, first_movie = VCR_ID_BASE, 0
     for split, n_images in grounded_split_counts(cfg, cfg.vcr_fraction).items():
@@ -442,8 +440,7 @@ def write_vcr(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures | None 
     return counts
 
 
-def write_flickr30k(cfg: WorldConfig, out: Path, bar: tqdm,
-                    pictures: Pictures | None = None) -> dict:
+def write_flickr30k(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures) -> dict:
     """Render the Flickr30K scenes and write Karpathy's split file and Flickr30K Entities.
 
     Ids are consecutive; which are val and test is drawn, so the splits interleave in the file
@@ -455,7 +452,6 @@ def write_flickr30k(cfg: WorldConfig, out: Path, bar: tqdm,
     split_of = {i: "train" for i in ids}
     split_of.update({i: "val" for i in order[: sizes["val"]]})
     split_of.update({i: "test" for i in order[sizes["val"]: sizes["val"] + sizes["test"]]})
-    pictures = pictures or Pictures(painter(cfg), workers=1)
     scenes = {}
     rendered = pictures([SceneFile(image_id, split_of[image_id]) for image_id in ids])
     for image_id, (scene, data, _) in zip(ids, rendered, strict=True):
@@ -497,9 +493,8 @@ def nlvr2_set_counts(cfg: WorldConfig) -> dict[str, int]:
             "test1": held_out}
 
 
-def write_nlvr2(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures | None = None) -> dict:
+def write_nlvr2(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures) -> dict:
     """Render the NLVR2 pairs split by split and write the json lines and PNG images."""
-    pictures = pictures or Pictures(painter(cfg), workers=1)
     counts = {}
     next_id = NLVR2_ID_BASE
     for split, sets in nlvr2_set_counts(cfg).items():
@@ -533,9 +528,8 @@ def cc3m_url_count(cfg: WorldConfig) -> int:
     return max(1, round(cfg.images * cfg.cc3m_fraction))
 
 
-def write_cc3m(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures | None = None) -> dict:
+def write_cc3m(cfg: WorldConfig, out: Path, bar: tqdm, pictures: Pictures) -> dict:
     """Render the CC3M scenes and write img2dataset shards with a few failed downloads."""
-    pictures = pictures or Pictures(painter(cfg), workers=1)
     total = cc3m_url_count(cfg)
     rng = random.Random(f"world-cc3m-{cfg.seed}")
     failed = set(rng.sample(range(total), max(1, round(total * cfg.cc3m_failed_fraction))))
