@@ -20,6 +20,14 @@ import pytest
 # when first imported, which in the suite comes before any `ray_session` could set it.
 os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
 
+# Run in parallel (`-n 2`, pytest-xdist), each worker's torch takes its share of the cores, and
+# so do the processes it starts (CLI subprocesses, the demo's workers): tried without the share,
+# two workers on two cores had run 62% of the tests after 16 minutes (docs/performance.md). Set
+# before torch is imported.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
+
 
 def pytest_sessionstart(session):
     """Where Python caches no bytecode (CI), the suite's imports are cached: its subprocesses

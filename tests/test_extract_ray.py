@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from progress_bars import RecordingBar
 from skimage import data
@@ -59,9 +60,15 @@ def _argv(images, out, engine="ray"):
 
 @pytest.fixture(scope="module")
 def reference(images, tmp_path_factory):
-    """The in-process engine's output."""
+    """The in-process engine's output, at the torch threads of the Ray run's one actor (float
+    rounding depends on them; the suite's workers may run on fewer: conftest.py)."""
     out = tmp_path_factory.mktemp("reference")
-    assert main(_argv(images, out, "local")) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(plan_layout(EngineConfig(), {"CPU": os.cpu_count()}).torch_threads)
+    try:
+        assert main(_argv(images, out, "local")) == 0
+    finally:
+        torch.set_num_threads(threads)
     return _outcome(out)
 
 
