@@ -12,7 +12,7 @@ Credentials and endpoints are fsspec's: for S3, the usual AWS variables (AWS_ACC
 AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL for a non-AWS server such as MinIO), read on every node.
 What goes wrong with them (no credentials, an endpoint that does not answer, no such bucket,
 access denied) is said in words (`explain`), and found at once for the URLs a command names
-(`check_reachable`: one attempt, short timeouts) rather than after botocore's retries.
+(`check_reachable`: one retry, short timeouts) rather than after botocore's retries.
 """
 
 from __future__ import annotations
@@ -37,10 +37,12 @@ _PROBE = {"connect_timeout": 5, "read_timeout": 15, "retries": {"max_attempts": 
 # The retries of every other S3 request, unless AWS_RETRY_MODE or AWS_MAX_ATTEMPTS (botocore's own
 # settings) say otherwise: botocore's "standard" mode retries throttling (503 SlowDown), 5xx answers
 # and dropped connections with exponential backoff and jitter, 1 s doubling up to 20 s; 10
-# attempts ride out about a minute of a store's trouble. Botocore's default (legacy, 5 attempts)
+# retries ride out about a minute of a store's trouble. Botocore's default (legacy, 5 attempts)
 # gave up on a HEAD request (an `exists`) after 8 s of 503s; s3fs retries GET and PUT 5 more times
-# on top, but a HEAD's 503 has no body that says SlowDown. docs/reliability.md
-RETRIES = {"mode": "standard", "max_attempts": 10}
+# on top, but a HEAD's 503 has no body that says SlowDown. docs/reliability.md. Written as the
+# total (the first and 10 retries), the form botocore leaves as it is: given "max_attempts" (the
+# retries), it rewrites the dict in place, here fsspec's configuration of the process.
+RETRIES = {"mode": "standard", "total_max_attempts": 11}
 
 
 NO_SPACE = os.strerror(errno.ENOSPC)  # "No space left on device"
@@ -78,7 +80,7 @@ def explain(err: BaseException) -> str | None:
 
 def check_reachable(url: str) -> None:
     """StorageError naming `url` and the cause when its object store cannot be used, found in
-    seconds (one attempt, short timeouts: the probe's own filesystem, not the cached one). Other
+    seconds (one retry, short timeouts: the probe's own filesystem, not the cached one). Other
     schemes than s3:// pass unchecked."""
     if not str(url).startswith("s3://"):
         return

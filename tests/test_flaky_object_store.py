@@ -105,11 +105,17 @@ print(json.dumps(as_path("s3://bucket/key").fs.config_kwargs.get("retries")))
 """
 
 
-def test_the_retry_policy_is_standard_with_10_attempts_unless_the_user_sets_it(monkeypatch):
+def test_the_retry_policy_is_standard_with_11_attempts_unless_the_user_sets_it(monkeypatch):
     for name in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
         monkeypatch.delenv(name, raising=False)
-    retries = as_path("s3://bucket/key").fs.config_kwargs.get("retries")
-    assert retries == {"mode": "standard", "max_attempts": 10}
+    want = {"mode": "standard", "total_max_attempts": 11}
+    assert as_path("s3://bucket/key").fs.config_kwargs.get("retries") == want
+    # and so it stays once a client is made of it (an earlier test's S3 use, in this process)
+    for name, value in (("AWS_ACCESS_KEY_ID", "x"), ("AWS_SECRET_ACCESS_KEY", "y"),
+                        ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(name, value)
+    as_path("s3://bucket/key").fs.connect()  # botocore's client, no request
+    assert as_path("s3://bucket/other").fs.config_kwargs["retries"] == want
     # botocore's own setting, read by botocore itself: the policy leaves it alone (a process of its
     # own: fsspec's configuration is the process's)
     env = {**os.environ, "AWS_MAX_ATTEMPTS": "3", "PYTHONPATH": str(ROOT)}
@@ -121,7 +127,7 @@ def test_the_retry_policy_is_standard_with_10_attempts_unless_the_user_sets_it(m
 @pytest.mark.slow  # botocore's backoff: about 30 s
 def test_a_burst_of_six_503s_on_a_head_request_is_ridden_out(s3, bucket):
     """Six 503s in a row answer an `exists` (a HEAD: its 503 has no body saying SlowDown, so
-    s3fs does not retry it itself): botocore's default 5 attempts gave up, the policy's 10 do
+    s3fs does not retry it itself): botocore's default 5 attempts gave up, the policy's 11 do
     not."""
     (UPath(bucket) / "key").write_bytes(b"x")
     proxy = FaultyProxy(s3.url, 1, "503", limit=6)
