@@ -33,7 +33,10 @@ if TYPE_CHECKING:  # imported when a URL is first used: local work needs no fssp
 Location = Union[Path, "UPath"]
 
 # The short probe of check_reachable: botocore would otherwise retry a dead endpoint for a minute.
-_PROBE = {"connect_timeout": 5, "read_timeout": 15, "retries": {"max_attempts": 1}}
+# Its retries whole (botocore's default mode, the first attempt and one retry), as RETRIES below
+# and for the same reason.
+_PROBE = {"connect_timeout": 5, "read_timeout": 15,
+          "retries": {"mode": "legacy", "total_max_attempts": 2}}
 # The retries of every other S3 request, unless AWS_RETRY_MODE or AWS_MAX_ATTEMPTS (botocore's own
 # settings) say otherwise: botocore's "standard" mode retries throttling (503 SlowDown), 5xx answers
 # and dropped connections with exponential backoff and jitter, 1 s doubling up to 20 s; 10
