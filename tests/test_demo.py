@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 from paired_by_hand import paired_by_hand
 
 from pipeline.cli import main
@@ -89,6 +90,23 @@ def test_demo_writes_the_results_table_and_pictures(tmp_path, capsys):
     spread = abs(both[0] - both[1]) / 2 ** 0.5  # the n - 1 standard deviation of two values
     assert seeds["std"]["vqa accuracy pretrained"] == pytest.approx(spread)
     assert "over 2 seeds" in again
+
+    # The pretraining that reads the image, into the same --out: its runs apart, each on the
+    # corpus's own vocabulary (the from-scratch ones too), its table beside the main one's.
+    assert main(args + ["--set", "pretraining=looking", "--set", "looking_epochs=1"]) == 0
+    looking = capsys.readouterr().out
+    assert "generated already" in looking and "trained already" not in looking
+    assert "[9/9] results" in looking
+    runs = out / "runs" / "looking-qa-gqa-vgqa"
+    for run in ("pretrain", "vqa_scratch", "vqa_pretrained", "nlvr2_language_only"):
+        saved = yaml.safe_load((runs / run / "config.yaml").read_text())
+        assert saved["data"]["tokenizer"] == str(out / "vocabulary"), run
+    pretraining = yaml.safe_load((runs / "pretrain" / "config.yaml").read_text())
+    assert pretraining["data"]["sources"] == ["mscoco", "vg", "gqa", "vgqa"]
+    assert pretraining["objective"]["visual_word_mask_prob"] == 0.5
+    assert set(json.loads((out / "results_looking.json").read_text())) == set(results)
+    assert json.loads((out / "results.json").read_text()) == results
+    assert (out / "pictures_looking" / "attention.png").is_file()
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,8 @@ from paired_by_hand import paired_by_hand
 from pipeline.cli import main
 from pipeline.common.config import ConfigError
 from pipeline.corpus.read import load_pairs
-from pipeline.demo.data_efficiency import (
-    DataEfficiencyConfig,
-    looking_changes,
-    run_data_efficiency,
-)
+from pipeline.demo.data_efficiency import DataEfficiencyConfig, run_data_efficiency
+from pipeline.demo.recipe import looking_changes
 
 TOY = ["world_images=60", "minival_images=4", "vqa_per_image=6", "pretrain_epochs=1",
        "vqa_epochs=1", "nlvr2_epochs=1", "vqa_batch_size=4", "nlvr2_batch_size=4", "engine=local",

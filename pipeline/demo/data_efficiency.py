@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.config import ConfigError
-from pipeline.corpus.config import QA_SOURCES
 from pipeline.demo.main_inputs import prepare_demo, score
 from pipeline.demo.recipe import (
     DemoConfig,
     finetune_config,
-    pretrain_config,
+    own_vocabulary,
+    pretraining_runs,
     runs_dir,
     seeded_name,
     spread,
@@ -47,41 +47,24 @@ from pipeline.demo.recipe import (
 from pipeline.demo.trainings import Steps, Trainings
 
 CURVE_VARIANTS = ("pretrained", "scratch")
-PRETRAININGS = ("looking", "main")
-# The looking pretraining's texts besides questions: COCO's captions and Visual Genome's region
-# descriptions; its masked LM reads these only (docs/results.md, "The diagnosis").
-DESCRIBED = ("mscoco", "vg")
-LOOKING = [f"objective.mlm_sources=[{','.join(DESCRIBED)}]", "objective.match_sources=[mscoco]",
-           "objective.visual_word_mask_prob=0.5"]
 
 
 @dataclass(frozen=True)
 class DataEfficiencyConfig(DemoConfig):
     """The main demo's settings (world, pretraining, VQA fine-tuning), and: fractions: the shares
     of VQA's training questions fine-tuned on. max_epochs: the most epochs of a small share's run
-    (it trains vqa_epochs / share). pretraining: "looking" (its own pretraining that reads the
-    image, on the corpus's own vocabulary) or "main" (the main demo's; module docstring).
-    looking_epochs: the looking pretraining's passes over the corpus (62 over captions,
-    descriptions and GQA's and Visual Genome's questions: 6,572 steps, ~800 s on one core; 31
-    were worth 3 points less at 10% of the questions: docs/demo.md). qa_sources: the corpus
-    sources of the looking pretraining's questions (none: no question answering); VQA's own are
-    left out by default (module docstring)."""
+    (it trains vqa_epochs / share). pretraining: "looking" here by default (DemoConfig: the
+    pretraining that reads the image, 62 epochs over captions, descriptions and GQA's and Visual
+    Genome's questions; 31 were worth 3 points less at 10% of the questions: docs/demo.md) or
+    "main" (the main demo's; module docstring)."""
 
     fractions: tuple[float, ...] = (0.05, 0.1, 0.25, 1.0)
     max_epochs: int = 64
     pretraining: str = "looking"
-    looking_epochs: int = 62
-    qa_sources: tuple[str, ...] = ("gqa", "vgqa")
 
     def __post_init__(self) -> None:
-        if self.pretraining not in PRETRAININGS:
-            raise ConfigError(f"pretraining = {self.pretraining!r}: choose one of "
-                              f"{', '.join(PRETRAININGS)}")
+        super().__post_init__()
         object.__setattr__(self, "fractions", tuple(float(f) for f in self.fractions))
-        object.__setattr__(self, "qa_sources", tuple(self.qa_sources))
-        if not set(self.qa_sources) <= set(QA_SOURCES):
-            raise ConfigError(f"qa_sources = {list(self.qa_sources)}: each must be one of "
-                              f"{', '.join(QA_SOURCES)}")
         if not self.fractions or not all(0 < f <= 1 for f in self.fractions):
             raise ConfigError(f"fractions = {list(self.fractions)}: each must be in (0, 1]")
 
@@ -89,17 +72,6 @@ class DataEfficiencyConfig(DemoConfig):
 def run_name(variant: str, fraction: float) -> str:
     """The run directory's name: the main demo's for the whole set (so its runs are reused)."""
     return f"vqa_{variant}" if fraction == 1 else f"vqa_{variant}_{fraction * 100:g}pct"
-
-
-def looking_changes(cfg: DataEfficiencyConfig) -> tuple[str, list[str]]:
-    """The looking pretraining's run directory name and its `--set` changes to the main demo's:
-    the masked LM on descriptions with visual words masked at 50%, matching on captions, and
-    question answering on cfg.qa_sources only."""
-    changes = [*LOOKING, f"data.sources=[{','.join(DESCRIBED + cfg.qa_sources)}]",
-               f"run.epochs={cfg.looking_epochs}"]
-    if not cfg.qa_sources:
-        return "looking-noqa", [*changes, "objective.qa=false"]
-    return "looking-qa-" + "-".join(cfg.qa_sources), changes
 
 
 def epochs_for(cfg: DataEfficiencyConfig, fraction: float) -> int:
@@ -160,17 +132,6 @@ def draw_curve(results: dict, path: Path) -> Path:
     return path
 
 
-def own_vocabulary(corpus: Path, out: Path) -> Path:
-    """`pipeline corpus vocab CORPUS --out OUT` (made once)."""
-    from pipeline.corpus.vocab import corpus_vocabulary, write_tokenizer
-
-    if not (out / "vocab.txt").is_file():
-        vocabulary = corpus_vocabulary(corpus)
-        write_tokenizer(vocabulary, out)
-        print(f"{len(vocabulary.words)} words -> {out}")
-    return out
-
-
 def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path, seeds: int = 1) -> dict:
     """The experiment (module docstring) under `out`, with train_seed cfg.train_seed (its runs
     under runs/ for seed 0, runs_seed<k>/ for another; data_efficiency.json, or
@@ -211,22 +172,16 @@ def _curve(cfg: DataEfficiencyConfig, prepared, tokenizer: str, runs_root: Path,
     from pipeline.pretrain.job import pretrain_job
 
     seed = f" (seed {cfg.train_seed})" if cfg.train_seed else ""
-    pretraining = pretrain_config(cfg, prepared.corpus, prepared.coco)
-    where = runs_root
-    if cfg.pretraining == "looking":
-        name, changes = looking_changes(cfg)
-        where = runs_root / name
-        pretraining = pretrain_config(cfg, prepared.corpus, prepared.coco,
-                                      [*changes, f"data.tokenizer={tokenizer}"])
+    pretraining, where = pretraining_runs(cfg, runs_root, prepared.corpus, prepared.coco,
+                                          tokenizer)
     pretrain_run = where / "pretrain"
     runs = {(v, f): where / run_name(v, f) for f in cfg.fractions for v in CURVE_VARIANTS}
 
     def finetune(variant: str, fraction: float) -> None:
         config = finetune_config("vqa", cfg, variant, pretraining, pretrain_run,
-                                 prepared.world, prepared.corpus, prepared.coco)
+                                 prepared.world, prepared.corpus, prepared.coco, tokenizer)
         config = dataclasses.replace(
-            config,
-            data=dataclasses.replace(config.data, train_fraction=fraction, tokenizer=tokenizer),
+            config, data=dataclasses.replace(config.data, train_fraction=fraction),
             run=dataclasses.replace(config.run, epochs=epochs_for(cfg, fraction)))
         trainings.submit(f"vqa {variant} {fraction * 100:g}%", finetune_job, config,
                          runs[variant, fraction])

@@ -13,6 +13,10 @@
 8. print the table, write it to results.json, and draw one held-out VQA example's regions and
    its question's attention over them (pictures/boxes.png, pictures/attention.png).
 
+With `--set pretraining=looking` (recipe.DemoConfig) step 5 pretrains the LXMERT that reads the
+image and answers GQA's and Visual Genome's questions, and every run, from scratch too, reads the
+corpus's own vocabulary (made first): results_looking.json, pictures_looking/.
+
 Every step keeps its output under --out and is skipped (or resumed) when run again.
 """
 
@@ -32,7 +36,8 @@ from pipeline.demo.recipe import (
     VARIANTS,
     DemoConfig,
     finetune_config,
-    pretrain_config,
+    own_vocabulary,
+    pretraining_runs,
     runs_dir,
     seeded_name,
     spread,
@@ -47,7 +52,10 @@ DESCRIPTION = (
     "the held-out splits with the official metrics; prints the table, writes OUT/results.json "
     "and OUT/pictures/. 8-10 minutes on 2 CPU cores, two training runs at a time; a second "
     "run reuses what the first finished. Sizes and world: --set world_images=..., --set "
-    "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/demo.py). Three more "
+    "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/recipe.py). --set "
+    "pretraining=looking: the same table from the pretraining that reads the image and answers "
+    "GQA's and Visual Genome's questions (6,572 steps where 1,084; ~20-25 minutes; "
+    "OUT/results_looking.json). Three more "
     "experiments: `pipeline demo benchmarks` (VCR, RefCOCO+, Flickr30K retrieval fine-tuned and "
     "zero-shot, against their baselines), `pipeline demo end-to-end` (VL-BERT's detector "
     "trained with the transformer or frozen, on questions about material) and `pipeline demo "
@@ -247,49 +255,68 @@ ON_THE_MAIN_DEMO = ("relations",)
 SEEDED = ("data-efficiency",)
 
 
+def results_name(cfg: DemoConfig, name: str) -> str:
+    """A result file's (or folder's) name for the demo's pretraining: `name` for the main one,
+    with "_looking" before its suffix for the looking one (results_looking.json), so that both
+    can share one --out."""
+    path = Path(name)
+    return name if cfg.pretraining == "main" else f"{path.stem}_looking{path.suffix}"
+
+
 def run_main(cfg: DemoConfig, out: Path, seeds: int = 1) -> int:
     """The main demo (module docstring) under `out`, with train_seed cfg.train_seed (its runs in
     runs/ for seed 0, else runs_seed<k>/); with `seeds` > 1 its trainings again with the next
     seeds on the same world and shards, and the table's mean and spread over the seeds
-    (results_seeds.json)."""
-    step = Steps(4 + 3 * seeds + 1)
+    (results_seeds.json). With cfg.pretraining "looking", the pretraining that reads the image
+    and everything compared with it on the corpus's own vocabulary (runs under
+    runs/looking-<qa_sources>/, results_looking.json, pictures_looking/)."""
+    looking = cfg.pretraining == "looking"
+    step = Steps(4 + int(looking) + 3 * seeds + 1)
     prepared = prepare_demo(cfg, out, step)
-    every = []
+    tokenizer = ""
+    if looking:
+        step("the corpus's own vocabulary")
+        tokenizer = str(own_vocabulary(prepared.corpus, out / "vocabulary"))
+    every, where = [], {}
     for seed in range(cfg.train_seed, cfg.train_seed + seeds):
-        results = _train_and_score(dataclasses.replace(cfg, train_seed=seed), prepared,
-                                   runs_dir(out, seed), step)
-        (out / seeded_name("results.json", seed)).write_text(json.dumps(results, indent=2) + "\n")
+        results, where[seed] = _train_and_score(dataclasses.replace(cfg, train_seed=seed),
+                                                prepared, runs_dir(out, seed), tokenizer, step)
+        (out / seeded_name(results_name(cfg, "results.json"), seed)).write_text(
+            json.dumps(results, indent=2) + "\n")
         every.append(results)
     step("results")
     print(format_results(every[0]))
     if seeds > 1:
         over = seed_spread(every)
-        (out / "results_seeds.json").write_text(
+        (out / results_name(cfg, "results_seeds.json")).write_text(
             json.dumps({"seeds": every, **over}, indent=2) + "\n")
         print(f"\nover {seeds} seeds (seed {cfg.train_seed} above):\n{format_spread(over)}")
-    pictures = _pictures(runs_dir(out, cfg.train_seed) / "vqa_pretrained", prepared.world,
-                         prepared.corpus, prepared.coco, out / "pictures")
-    print(f"\n{seeded_name('results.json', cfg.train_seed)}, pictures "
+    pictures = _pictures(where[cfg.train_seed] / "vqa_pretrained", prepared.world,
+                         prepared.corpus, prepared.coco, out / results_name(cfg, "pictures"))
+    print(f"\n{seeded_name(results_name(cfg, 'results.json'), cfg.train_seed)}, pictures "
           f"({', '.join(p.name for p in pictures)}) in {out}")
     return 0
 
 
-def _train_and_score(cfg: DemoConfig, prepared, runs_root: Path, step: Steps) -> dict:
+def _train_and_score(cfg: DemoConfig, prepared, runs_root: Path, tokenizer: str,
+                     step: Steps) -> tuple[dict, Path]:
     """Steps 5-7 with cfg.train_seed: the pretraining and the six fine-tunings under
-    `runs_root`, and their held-out scores (results.json's dict)."""
+    `runs_root` (or its looking pretraining's folder: pretraining_runs), and their held-out
+    scores: (results.json's dict, the runs' folder)."""
     from pipeline.finetune.job import finetune_job
     from pipeline.pretrain.job import pretrain_job
 
     world, coco, corpus_dir = prepared.world, prepared.coco, prepared.corpus
-    lxmert, pretrain_run = pretrain_config(cfg, corpus_dir, coco), runs_root / "pretrain"
-    runs = {(task, variant): runs_root / f"{task}_{variant}"
+    lxmert, where = pretraining_runs(cfg, runs_root, corpus_dir, coco, tokenizer)
+    pretrain_run = where / "pretrain"
+    runs = {(task, variant): where / f"{task}_{variant}"
             for task in ("vqa", "nlvr2") for variant in VARIANTS}
     shards = {"vqa": coco, "nlvr2": prepared.nlvr2}
     seed = f" (seed {cfg.train_seed})" if cfg.train_seed else ""
 
     def finetune(task: str, variant: str) -> None:
         config = finetune_config(task, cfg, variant, lxmert, pretrain_run, world, corpus_dir,
-                                 shards[task])
+                                 shards[task], tokenizer)
         trainings.submit(f"{task} {variant}", finetune_job, config, runs[task, variant])
 
     with Trainings(cfg.parallel) as trainings:
@@ -310,7 +337,7 @@ def _train_and_score(cfg: DemoConfig, prepared, runs_root: Path, step: Steps) ->
               for task in ("vqa", "nlvr2") for v in VARIANTS}
     scores = {task: {v: scored[task, v][0] for v in VARIANTS} for task in ("vqa", "nlvr2")}
     items = {key: value[1] for key, value in scored.items()}
-    return {**scores, "differences": differences(scores, items)}
+    return {**scores, "differences": differences(scores, items)}, where
 
 
 # The table's cells: (task, score) pairs, each per variant.

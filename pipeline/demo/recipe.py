@@ -9,11 +9,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.common.assets import CONFIGS
+from pipeline.common.config import ConfigError
+from pipeline.corpus.config import QA_SOURCES
 
 # Every model of the demo: configs/pretrain/lxmert_tiny (LXMERT at hidden 64, no dropout) with
 # DemoConfig.cross_layers cross-modality layers.
 PRETRAIN_CONFIG = CONFIGS / "pretrain" / "lxmert_tiny.yaml"
 VARIANTS = ("pretrained", "scratch", "language_only")
+PRETRAININGS = ("main", "looking")
+# The looking pretraining's texts besides questions: COCO's captions and Visual Genome's region
+# descriptions; its masked LM reads these only (docs/results.md, "The diagnosis").
+DESCRIBED = ("mscoco", "vg")
+LOOKING = [f"objective.mlm_sources=[{','.join(DESCRIBED)}]", "objective.match_sources=[mscoco]",
+           "objective.visual_word_mask_prob=0.5"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,16 @@ class DemoConfig:
     steps/s with two threads and 7.6-8.3 with one). parallel: training runs at once, each in its
     own process (output in its run directory's train.log), so both cores work.
     train_seed: every training run's seed (data order, masks, initialisation); the world's is
-    world_seed."""
+    world_seed.
+    pretraining: "main" (LXMERT's five tasks on the corpus, pretrain_epochs; its masked LM does
+    not read the image) or "looking" (the pretraining that reads the image: the masked LM on
+    captions and region descriptions with their colour, shape and material words masked at 50%,
+    matching on captions, question answering on qa_sources only, the corpus's own vocabulary,
+    looking_epochs passes: 6,572 steps, ~800-1,060 s of one core; every run then reads that
+    vocabulary, the from-scratch ones too, under runs/looking-<qa_sources>/).
+    looking_epochs: the looking pretraining's passes over the corpus. qa_sources: the corpus
+    sources of its questions (none: no question answering); VQA's own are left out by default,
+    since they taught VQA's answers (docs/demo.md, "Whose answers")."""
 
     world_images: int = 600
     world_seed: int = 7
@@ -73,6 +90,18 @@ class DemoConfig:
     threads: int = 1
     parallel: int = 2
     train_seed: int = 0
+    pretraining: str = "main"
+    looking_epochs: int = 62
+    qa_sources: tuple[str, ...] = ("gqa", "vgqa")
+
+    def __post_init__(self) -> None:
+        if self.pretraining not in PRETRAININGS:
+            raise ConfigError(f"pretraining = {self.pretraining!r}: choose one of "
+                              f"{', '.join(sorted(PRETRAININGS))}")
+        object.__setattr__(self, "qa_sources", tuple(self.qa_sources))
+        if not set(self.qa_sources) <= set(QA_SOURCES):
+            raise ConfigError(f"qa_sources = {list(self.qa_sources)}: each must be one of "
+                              f"{', '.join(QA_SOURCES)}")
 
 
 def runs_dir(out: Path, seed: int) -> Path:
@@ -95,6 +124,40 @@ def spread(values: Sequence[float]) -> dict:
     return {"mean": mean, "std": var ** 0.5, "min": min(values), "max": max(values)}
 
 
+def looking_changes(cfg: DemoConfig) -> tuple[str, list[str]]:
+    """The looking pretraining's run directory name and its `--set` changes to the main demo's:
+    the masked LM on descriptions with visual words masked at 50%, matching on captions, and
+    question answering on cfg.qa_sources only."""
+    changes = [*LOOKING, f"data.sources=[{','.join(DESCRIBED + cfg.qa_sources)}]",
+               f"run.epochs={cfg.looking_epochs}"]
+    if not cfg.qa_sources:
+        return "looking-noqa", [*changes, "objective.qa=false"]
+    return "looking-qa-" + "-".join(cfg.qa_sources), changes
+
+
+def own_vocabulary(corpus: Path, out: Path) -> Path:
+    """`pipeline corpus vocab CORPUS --out OUT` (made once)."""
+    from pipeline.corpus.vocab import corpus_vocabulary, write_tokenizer
+
+    if not (out / "vocab.txt").is_file():
+        vocabulary = corpus_vocabulary(corpus)
+        write_tokenizer(vocabulary, out)
+        print(f"{len(vocabulary.words)} words -> {out}")
+    return out
+
+
+def pretraining_runs(cfg: DemoConfig, runs_root: Path, corpus: Path, coco: Path,
+                     tokenizer: str = ""):
+    """(the pretraining's config, the directory it and the fine-tunings compared with it go in):
+    cfg.pretraining "main", the demo's, in runs_root; "looking", on `tokenizer` (own_vocabulary's),
+    in runs_root / looking_changes' name."""
+    if cfg.pretraining == "main":
+        return pretrain_config(cfg, corpus, coco), runs_root
+    name, changes = looking_changes(cfg)
+    return (pretrain_config(cfg, corpus, coco, [*changes, f"data.tokenizer={tokenizer}"]),
+            runs_root / name)
+
+
 def pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path, changes: Sequence[str] = ()):
     """The demo's LXMERT pretraining on `corpus` and `coco`'s shards, with `changes` (`--set`
     values) applied last."""
@@ -110,7 +173,7 @@ def pretrain_config(cfg: DemoConfig, corpus: Path, coco: Path, changes: Sequence
 
 
 def finetune_config(task: str, cfg: DemoConfig, variant: str, pretraining, pretrain_run: Path,
-                     world: Path, corpus: Path, shards: Path):
+                     world: Path, corpus: Path, shards: Path, tokenizer: str = ""):
     from pipeline.finetune.config import load_config
     from pipeline.train.checkpoint import latest_checkpoint
 
@@ -127,6 +190,8 @@ def finetune_config(task: str, cfg: DemoConfig, variant: str, pretraining, pretr
         f"run.threads_per_worker={cfg.threads}", "run.checkpoint_every=1000",
         f"run.val_every={cfg.val_every}", f"run.seed={cfg.train_seed}",
     ]
+    if tokenizer:
+        sets.append(f"data.tokenizer={tokenizer}")
     if variant != "scratch":
         sets.append(f"init={latest_checkpoint(pretrain_run) / 'model'}")
         if task == "vqa":
