@@ -137,6 +137,27 @@ def test_the_issues_targets_hold_by_two_standard_errors(full_demo):
     assert not missed, missed
 
 
+@pytest.fixture(scope="module")
+def looking_demo(tmp_path_factory) -> dict:
+    """The full-size demo's results_looking.json with the pretraining that reads the image (~57
+    minutes on 2 cores shared by three seeds' runs, docs/demo.md), run once."""
+    out = tmp_path_factory.mktemp("looking") / "demo"
+    assert main(["demo", "--out", str(out), "--set", "pretraining=looking"]) == 0
+    return json.loads((out / "results_looking.json").read_text())
+
+
+@pytest.mark.slow
+def test_the_looking_pretraining_holds_three_targets_by_two_standard_errors(looking_demo):
+    """From the pretraining that reads the image (docs/demo.md, "The demo's table from the
+    pretraining that reads the image": the AMD EPYC VM without AVX-512, seeds 0-2), VQA
+    pretrained >= 85, language-only >= 25 below and NLVR2 pretrained >= scratch + 8 hold, each by
+    two standard errors; NLVR2 >= 65 (63.11 - 65.97) does not."""
+    held = {what: ok for what, *_, ok in targets(looking_demo)}
+    for what in ("VQA pretrained >= 85", "VQA language-only >= 25 below",
+                 "NLVR2 pretrained >= scratch + 8"):
+        assert held[what], (what, looking_demo["differences"])
+
+
 @pytest.mark.parametrize("experiment, says", [
     ("data-efficiency", "how much task data pretraining is worth"),
     ("grounding", "What Does BERT with Vision Look At?"),
