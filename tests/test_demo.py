@@ -104,7 +104,15 @@ def test_demo_writes_the_results_table_and_pictures(tmp_path, capsys):
     pretraining = yaml.safe_load((runs / "pretrain" / "config.yaml").read_text())
     assert pretraining["data"]["sources"] == ["mscoco", "vg", "gqa", "vgqa"]
     assert pretraining["objective"]["visual_word_mask_prob"] == 0.5
-    assert set(json.loads((out / "results_looking.json").read_text())) == set(results)
+    looked = json.loads((out / "results_looking.json").read_text())
+    assert set(looked) == set(results) | {"cross_modal"}  # its masked LM with and without regions
+    report = json.loads((runs / "cross_modal" / "report.json").read_text())
+    colour = report["masked_lm"]["colour"]
+    assert looked["cross_modal"] == {"words": colour["count"],
+                                     "accuracy": colour["accuracy"]["all"],
+                                     "accuracy_aligned_removed":
+                                         colour["accuracy"]["aligned_removed"]}
+    assert "reads the image: colour words" in looking
     assert json.loads((out / "results.json").read_text()) == results
     assert (out / "pictures_looking" / "attention.png").is_file()
 

@@ -142,6 +142,12 @@ def format_results(results: dict) -> str:
         *(f"    {what:<34}{value:6.2f} - 2 x {se:4.2f} = {value - 2 * se:6.2f}"
           f"  {'holds' if held else 'MISSED'} (>= {least:g})"
           for what, value, se, least, held in targets(results)),
+        *([] if "cross_modal" not in results else [
+            "  the pretraining's masked LM reads the image: colour words of Flickr30K captions "
+            f"({results['cross_modal']['words']})",
+            f"    {results['cross_modal']['accuracy']:.2f} with every region, "
+            f"{results['cross_modal']['accuracy_aligned_removed']:.2f} with the phrase's aligned "
+            "regions removed"]),
     ])
 
 
@@ -337,7 +343,29 @@ def _train_and_score(cfg: DemoConfig, prepared, runs_root: Path, tokenizer: str,
               for task in ("vqa", "nlvr2") for v in VARIANTS}
     scores = {task: {v: scored[task, v][0] for v in VARIANTS} for task in ("vqa", "nlvr2")}
     items = {key: value[1] for key, value in scored.items()}
-    return {**scores, "differences": differences(scores, items)}, where
+    results = {**scores, "differences": differences(scores, items)}
+    if cfg.pretraining == "looking":
+        results["cross_modal"] = cross_modal_line(prepared, pretrain_run, where)
+    return results, where
+
+
+def cross_modal_line(prepared, pretrain_run: Path, where: Path) -> dict:
+    """Whether the pretraining's masked LM reads the image: `pipeline analyze cross-modal` (Frank
+    et al. 2021) on the world's Flickr30K train captions (their images extracted first, once),
+    report.json under where/cross_modal/; returns its colour words' accuracy with every region
+    and with the phrase's aligned regions removed, and how many were masked."""
+    from pipeline.analyze.cross_modal_report import analyze_cross_modal
+    from pipeline.analyze.model import AnalysisInputs
+    from pipeline.demo.world_setup import Extraction, extract
+
+    flickr = prepared.coco.parent / "flickr30k"
+    extract(prepared.world, "flickr30k", flickr, Extraction(device="cpu"), progress=False)
+    report = analyze_cross_modal(AnalysisInputs(
+        run=pretrain_run, shards=[str(flickr)], entities=prepared.world / "flickr30k_entities",
+        split="train", device="cpu"), where / "cross_modal")
+    colour = report["masked_lm"]["colour"]
+    return {"words": colour["count"], "accuracy": colour["accuracy"]["all"],
+            "accuracy_aligned_removed": colour["accuracy"]["aligned_removed"]}
 
 
 # The table's cells: (task, score) pairs, each per variant.
