@@ -147,8 +147,8 @@ def test_the_issues_targets_hold_by_two_standard_errors(full_demo):
 
 @pytest.fixture(scope="module")
 def looking_demo(tmp_path_factory) -> dict:
-    """The full-size demo's results_looking.json with the pretraining that reads the image (~57
-    minutes on 2 cores shared by three seeds' runs, docs/demo.md), run once."""
+    """The full-size demo's results_looking.json with the pretraining that reads the image (22
+    minutes on 2 idle cores of the slowest kind, docs/demo.md), run once."""
     out = tmp_path_factory.mktemp("looking") / "demo"
     assert main(["demo", "--out", str(out), "--set", "pretraining=looking"]) == 0
     return json.loads((out / "results_looking.json").read_text())

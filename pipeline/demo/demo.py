@@ -55,7 +55,7 @@ DESCRIPTION = (
     "run reuses what the first finished. Sizes and world: --set world_images=..., --set "
     "vqa_epochs=..., --set shapes=[ball,box] (see pipeline/demo/recipe.py). --set "
     "pretraining=looking: the same table from the pretraining that reads the image and answers "
-    "GQA's and Visual Genome's questions (6,572 steps where 1,084; ~20-25 minutes; "
+    "GQA's and Visual Genome's questions (6,572 steps where 1,084; ~22 minutes; "
     "OUT/results_looking.json). Three more "
     "experiments: `pipeline demo benchmarks` (VCR, RefCOCO+, Flickr30K retrieval fine-tuned and "
     "zero-shot, against their baselines), `pipeline demo end-to-end` (VL-BERT's detector "
