@@ -38,7 +38,7 @@ from pipeline.demo.main_inputs import prepare_demo, score
 from pipeline.demo.recipe import (
     DemoConfig,
     finetune_config,
-    own_vocabulary,
+    own_tokenizer,
     pretraining_runs,
     runs_dir,
     seeded_name,
@@ -140,10 +140,7 @@ def run_data_efficiency(cfg: DataEfficiencyConfig, out: Path, seeds: int = 1) ->
     curve_row}."""
     step = Steps(4 + int(cfg.pretraining == "looking") + 3 * seeds)
     prepared = prepare_demo(cfg, out, step)
-    tokenizer = ""
-    if cfg.pretraining == "looking":
-        step("the corpus's own vocabulary")
-        tokenizer = str(own_vocabulary(prepared.corpus, out / "vocabulary"))
+    tokenizer = own_tokenizer(cfg, prepared.corpus, out, step)
     every = []
     for seed in range(cfg.train_seed, cfg.train_seed + seeds):
         results = _curve(dataclasses.replace(cfg, train_seed=seed), prepared, tokenizer,

@@ -36,7 +36,7 @@ from pipeline.demo.recipe import (
     VARIANTS,
     DemoConfig,
     finetune_config,
-    own_vocabulary,
+    own_tokenizer,
     pretraining_runs,
     runs_dir,
     seeded_name,
@@ -280,14 +280,14 @@ def run_main(cfg: DemoConfig, out: Path, seeds: int = 1) -> int:
     looking = cfg.pretraining == "looking"
     step = Steps(4 + int(looking) + 3 * seeds + 1)
     prepared = prepare_demo(cfg, out, step)
-    tokenizer = ""
-    if looking:
-        step("the corpus's own vocabulary")
-        tokenizer = str(own_vocabulary(prepared.corpus, out / "vocabulary"))
+    tokenizer = own_tokenizer(cfg, prepared.corpus, out, step)
+    flickr = _flickr30k(prepared) if looking else None
     every, where = [], {}
     for seed in range(cfg.train_seed, cfg.train_seed + seeds):
         results, where[seed] = _train_and_score(dataclasses.replace(cfg, train_seed=seed),
                                                 prepared, runs_dir(out, seed), tokenizer, step)
+        if flickr is not None:
+            results["cross_modal"] = cross_modal_line(prepared, flickr, where[seed])
         (out / seeded_name(results_name(cfg, "results.json"), seed)).write_text(
             json.dumps(results, indent=2) + "\n")
         every.append(results)
@@ -344,26 +344,30 @@ def _train_and_score(cfg: DemoConfig, prepared, runs_root: Path, tokenizer: str,
               for task in ("vqa", "nlvr2") for v in VARIANTS}
     scores = {task: {v: scored[task, v][0] for v in VARIANTS} for task in ("vqa", "nlvr2")}
     items = {key: value[1] for key, value in scored.items()}
-    results = {**scores, "differences": differences(scores, items)}
-    if cfg.pretraining == "looking":
-        results["cross_modal"] = cross_modal_line(prepared, pretrain_run, where)
-    return results, where
+    return {**scores, "differences": differences(scores, items)}, where
 
 
-def cross_modal_line(prepared, pretrain_run: Path, where: Path) -> dict:
-    """Whether the pretraining's masked LM reads the image: `pipeline analyze cross-modal` (Frank
-    et al. 2021) on the world's Flickr30K train captions (their images extracted first, once),
-    report.json under where/cross_modal/; returns its colour words' accuracy with every region
-    and with the phrase's aligned regions removed, and how many were masked."""
-    from pipeline.analyze.cross_modal_report import analyze_cross_modal
-    from pipeline.analyze.model import AnalysisInputs
+def _flickr30k(prepared) -> Path:
+    """The world's Flickr30K images extracted (once: a finished extraction is kept), for the
+    cross-modal line."""
     from pipeline.demo.world_setup import Extraction, extract
 
     flickr = prepared.coco.parent / "flickr30k"
-    extract(prepared.world, "flickr30k", flickr, Extraction(device="cpu"), progress=False)
+    return extract(prepared.world, "flickr30k", flickr, Extraction(device="cpu"), progress=False)
+
+
+def cross_modal_line(prepared, flickr: Path, where: Path) -> dict:
+    """Whether the pretraining in `where` reads the image: `pipeline analyze cross-modal` (Frank
+    et al. 2021) of where/pretrain on the world's Flickr30K train captions (`flickr`: their
+    shards), report.json under where/cross_modal/; returns its colour words' accuracy with every
+    region and with the phrase's aligned regions removed, and how many were masked."""
+    from pipeline.analyze.cross_modal_report import analyze_cross_modal
+    from pipeline.analyze.model import AnalysisInputs
+
     report = analyze_cross_modal(AnalysisInputs(
-        run=pretrain_run, shards=[str(flickr)], entities=prepared.world / "flickr30k_entities",
-        split="train", device="cpu"), where / "cross_modal")
+        run=where / "pretrain", shards=[str(flickr)],
+        entities=prepared.world / "flickr30k_entities", split="train", device="cpu"),
+        where / "cross_modal")
     colour = report["masked_lm"]["colour"]
     return {"words": colour["count"], "accuracy": colour["accuracy"]["all"],
             "accuracy_aligned_removed": colour["accuracy"]["aligned_removed"]}

@@ -135,21 +135,26 @@ def looking_changes(cfg: DemoConfig) -> tuple[str, list[str]]:
     return "looking-qa-" + "-".join(cfg.qa_sources), changes
 
 
-def own_vocabulary(corpus: Path, out: Path) -> Path:
-    """`pipeline corpus vocab CORPUS --out OUT` (made once)."""
+def own_tokenizer(cfg: DemoConfig, corpus: Path, out: Path, step) -> str:
+    """The looking pretraining's tokenizer: `pipeline corpus vocab CORPUS --out OUT/vocabulary`,
+    made once, as a step (`step`) of its own; "" (the bundled vocabulary) for the main one."""
     from pipeline.corpus.vocab import corpus_vocabulary, write_tokenizer
 
-    if not (out / "vocab.txt").is_file():
+    if cfg.pretraining != "looking":
+        return ""
+    step("the corpus's own vocabulary")
+    folder = out / "vocabulary"
+    if not (folder / "vocab.txt").is_file():
         vocabulary = corpus_vocabulary(corpus)
-        write_tokenizer(vocabulary, out)
-        print(f"{len(vocabulary.words)} words -> {out}")
-    return out
+        write_tokenizer(vocabulary, folder)
+        print(f"{len(vocabulary.words)} words -> {folder}")
+    return str(folder)
 
 
 def pretraining_runs(cfg: DemoConfig, runs_root: Path, corpus: Path, coco: Path,
                      tokenizer: str = ""):
     """(the pretraining's config, the directory it and the fine-tunings compared with it go in):
-    cfg.pretraining "main", the demo's, in runs_root; "looking", on `tokenizer` (own_vocabulary's),
+    cfg.pretraining "main", the demo's, in runs_root; "looking", on `tokenizer` (own_tokenizer's),
     in runs_root / looking_changes' name."""
     if cfg.pretraining == "main":
         return pretrain_config(cfg, corpus, coco), runs_root
